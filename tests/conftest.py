@@ -1,0 +1,92 @@
+"""Fixtures shared by the suite. The ZooKeeper fixtures (zookeeper, zk_hosts, zk_root,
+zk_client, zk_ensemble) come from the zktasks.testing plugin."""
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def zk_tasks_setting(hosts: str, root: str, **options) -> dict:
+    return {
+        "default": {
+            "BACKEND": "zktasks.backend.ZooKeeperBackend",
+            "QUEUES": options.pop("queues", []),
+            "OPTIONS": {"HOSTS": hosts, "ROOT": root, "SESSION_TIMEOUT": 4.0,
+                        "CONNECT_TIMEOUT": 10.0, **options},
+        }
+    }
+
+
+@pytest.fixture
+def zk_settings(settings, zk_hosts, zk_root, monkeypatch):
+    """Point the default task backend at a fresh root of the suite's ZooKeeper."""
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root)
+    monkeypatch.setenv("ZKTASKS_TEST_HOSTS", zk_hosts)
+    monkeypatch.setenv("ZKTASKS_TEST_ROOT", zk_root)
+    return settings
+
+
+@pytest.fixture
+def backend(zk_settings):
+    from django.tasks import task_backends
+
+    return task_backends["default"]
+
+
+@pytest.fixture
+def start_worker(zk_settings):
+    """Start in-process workers (thread pool by default); stop them after the test."""
+    from zktasks.worker import Worker
+
+    started = []
+
+    def start(**kwargs):
+        kwargs.setdefault("pool", "thread")
+        kwargs.setdefault("concurrency", 2)
+        worker = Worker(**kwargs)
+        thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
+        thread.start()
+        assert worker.registered.wait(15), "worker did not register"
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, _ in started:
+        worker.stop(graceful=False)
+    for worker, thread in started:
+        thread.join(15)
+        assert not thread.is_alive(), f"worker {worker.worker_id} did not stop"
+
+
+@pytest.fixture
+def runworker(zk_settings, tmp_path):
+    """Start `manage.py runworker` subprocesses with the test's settings."""
+    procs = []
+
+    def start(*args, name=None):
+        env = dict(os.environ)
+        env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+        env.setdefault("ZKTASKS_LOG_LEVEL", "INFO")
+        log = tmp_path / f"worker-{len(procs)}.log"
+        cmd = [sys.executable, "-m", "django", "runworker", "-v", "2", *args]
+        if name:
+            cmd += ["--name", name]
+        handle = open(log, "wb")  # noqa: SIM115 - closed in teardown
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        proc.log_path = log
+        proc.log_handle = handle
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(15)
+        proc.log_handle.close()

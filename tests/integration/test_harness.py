@@ -1,0 +1,233 @@
+"""Check zktasks.testing against real ZooKeeper processes: lifecycle, crashes, quorum."""
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient, KazooState
+from kazoo.retry import KazooRetry
+
+from zktasks.testing import (
+    ZooKeeperEnsemble,
+    ZooKeeperPortInUse,
+    ZooKeeperServer,
+    ZooKeeperUnavailable,
+    find_zookeeper,
+    four_letter_word,
+    free_port,
+)
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+
+# Reconnect quickly while a server is down instead of backing off for minutes.
+FAST_RECONNECT = {"max_tries": -1, "delay": 0.05, "backoff": 1.5, "max_delay": 0.5}
+
+
+def connect(hosts: str, *, timeout: float = 10.0) -> KazooClient:
+    client = KazooClient(
+        hosts=hosts,
+        timeout=timeout,
+        connection_retry=dict(FAST_RECONNECT),
+        command_retry=KazooRetry(max_tries=-1, delay=0.05, max_delay=0.5, deadline=30),
+    )
+    client.start(timeout=15)
+    return client
+
+
+def close(client: KazooClient) -> None:
+    client.stop()
+    client.close()
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # An unreaped child still answers kill(0); it is gone if it is a zombie.
+    status = Path(f"/proc/{pid}/status")
+    return not status.exists() or "State:\tZ" in status.read_text()
+
+
+def test_server_serves_znodes_and_cleans_up() -> None:
+    with ZooKeeperServer() as server:
+        assert server.is_running
+        assert server.hosts == f"127.0.0.1:{server.port}"
+        assert server.mode() == "standalone"
+        client = connect(server.hosts)
+        try:
+            client.create("/greeting", b"hello")
+            assert client.get("/greeting")[0] == b"hello"
+        finally:
+            close(client)
+        pid, data_dir = server.pid, server.data_dir
+        assert (data_dir / "zoo.cfg").is_file()
+        assert "ZooKeeperServerMain" in server.log_path.read_text()
+    assert pid is not None and process_gone(pid)
+    assert not data_dir.exists()
+
+
+def test_restart_keeps_port_and_data(tmp_path: Path) -> None:
+    with ZooKeeperServer(data_dir=tmp_path / "zk") as server:
+        port = server.port
+        client = connect(server.hosts)
+        try:
+            client.create("/kept/deep", b"v1", makepath=True)
+        finally:
+            close(client)
+        server.restart()
+        assert server.port == port
+        client = connect(server.hosts)
+        try:
+            assert client.get("/kept/deep")[0] == b"v1"
+        finally:
+            close(client)
+    # A caller-provided data dir is the caller's to remove.
+    assert (tmp_path / "zk" / "version-2").is_dir()
+
+
+def test_kill_suspends_client_and_restart_reconnects() -> None:
+    with ZooKeeperServer() as server:
+        client = connect(server.hosts)
+        suspended = threading.Event()
+        reconnected = threading.Event()
+
+        def listener(state: str) -> None:
+            if state == KazooState.SUSPENDED:
+                suspended.set()
+            elif state == KazooState.CONNECTED and suspended.is_set():
+                reconnected.set()
+
+        client.add_listener(listener)
+        try:
+            client.create("/survives-crash", b"fsynced")
+            server.kill()
+            assert not server.is_running
+            assert suspended.wait(10), "client never noticed the crash"
+            server.restart()
+            assert reconnected.wait(15), "client did not reconnect after restart"
+            assert client.get("/survives-crash")[0] == b"fsynced"
+        finally:
+            close(client)
+
+
+def test_pause_freezes_and_resume_thaws() -> None:
+    with ZooKeeperServer() as server:
+        server.pause()
+        assert server.is_paused
+        assert server.mode(timeout=0.3) is None
+        server.resume()
+        assert server.mode() == "standalone"
+        server.pause()
+        # stop() must get through to a frozen JVM.
+        server.stop(timeout=10)
+        assert not server.is_running
+
+
+def test_taken_port_is_reported_not_mistaken_for_ours() -> None:
+    with ZooKeeperServer() as server:
+        intruder = ZooKeeperServer(client_port=server.port)
+        try:
+            with pytest.raises(ZooKeeperPortInUse):
+                intruder.start(timeout=15)
+            assert not intruder.is_running
+        finally:
+            intruder.close()
+
+
+def test_missing_java_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZKTASKS_JAVA", "/nonexistent/java")
+    with pytest.raises(ZooKeeperUnavailable, match="apt-get install -y zookeeper"):
+        find_zookeeper()
+
+
+def test_ensemble_survives_leader_crash() -> None:
+    with ZooKeeperEnsemble(3) as ensemble:
+        assert ensemble.hosts == ",".join(f"127.0.0.1:{s.port}" for s in ensemble.servers)
+        assert sorted(ensemble.modes().values()) == ["follower", "follower", "leader"]
+        old_leader = ensemble.leader()
+        client = connect(ensemble.hosts)
+        try:
+            client.create("/before", b"1")
+        finally:
+            close(client)
+
+        old_leader.kill()
+        new_leader = ensemble.leader(timeout=15)
+        assert new_leader is not old_leader
+
+        survivors = ",".join(s.hosts for s in ensemble.servers if s is not old_leader)
+        client = connect(survivors)
+        try:
+            client.retry(client.create, "/after", b"2")
+            assert client.get("/before")[0] == b"1"
+        finally:
+            close(client)
+
+        old_leader.start()
+        assert old_leader.mode() == "follower"
+        assert ensemble.leader() is new_leader
+
+
+def test_plugin_fixtures(zk_client: KazooClient, zk_root: str, zk_hosts: str) -> None:
+    zk_client.create(f"{zk_root}/child", b"x", makepath=True)
+    assert zk_client.get_children(zk_root) == ["child"]
+    assert zk_client.connected
+    assert zk_hosts.rsplit(":", 1)[1].isdigit()
+
+
+def test_plugin_removes_earlier_roots(zk_client: KazooClient, zk_root: str) -> None:
+    leftovers = [
+        child
+        for child in zk_client.get_children("/")
+        if child.startswith("zktasks-test-") and f"/{child}" != zk_root
+    ]
+    assert leftovers == []
+
+
+def test_zk_ensemble_fixture(zk_ensemble: ZooKeeperEnsemble) -> None:
+    assert len(zk_ensemble.servers) == 3
+    assert zk_ensemble.leader() in zk_ensemble.servers
+
+
+def test_serve_command_runs_until_sigterm() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zktasks.testing", "serve", "--port", str(port)],
+        cwd=PROJECT_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = read_line(proc, timeout=30)
+        assert line == f"ZooKeeper serving at 127.0.0.1:{port}\n"
+        client = connect(f"127.0.0.1:{port}")
+        close(client)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # The server went down with the command.
+    with pytest.raises(OSError):
+        four_letter_word("127.0.0.1", port, "srvr", timeout=1)
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if selector.select(timeout=deadline - time.monotonic()):
+                return proc.stdout.readline()
+    stderr = proc.stderr.read() if proc.poll() is not None and proc.stderr else ""
+    raise AssertionError(f"no output from serve within {timeout}s; stderr: {stderr}")

@@ -1,0 +1,84 @@
+"""The core pipeline against a real ZooKeeper: submit → leader assigns → worker runs →
+result, with every transition checked in the tree."""
+
+import pytest
+from django.tasks import TaskResultStatus
+
+from tests import tasks
+from zktasks import submit
+
+
+def test_submit_writes_status_and_pending_job_in_one_step(backend, zk_client):
+    result = tasks.add.submit(2, 3)
+    layout = backend.store.layout
+    assert result.status == TaskResultStatus.READY
+    assert zk_client.exists(layout.status(result.id))
+    assert [n.endswith(result.id) for n in zk_client.get_children(layout.queue("default"))] == [
+        True]
+
+
+def test_worker_runs_job_and_records_result(backend, start_worker, zk_client):
+    worker = start_worker()
+    result = tasks.add.submit(2, 3).wait(timeout=30)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.worker_ids == [worker.worker_id]
+    assert result.attempts == 1
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    layout = backend.store.layout
+    assert zk_client.get_children(layout.worker_assignments(worker.worker_id)) == []
+    assert zk_client.get_children(layout.queue("default")) == []
+
+
+def test_failure_records_class_path_and_traceback(backend, start_worker):
+    start_worker()
+    result = tasks.boom.submit("kaput").wait(timeout=30)
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert "kaput" in error.traceback
+    assert error.exception_class is ValueError
+    with pytest.raises(ValueError):
+        result.return_value  # noqa: B018
+
+
+def test_lambda_and_closure_travel_by_value(backend, start_worker):
+    start_worker()
+    factor = 7
+
+    def times(x):
+        return x * factor
+
+    assert submit(lambda: 6 * 7).wait(timeout=30).return_value == 42
+    assert submit(times, 6).wait(timeout=30).return_value == 42
+
+
+def test_get_result_from_a_fresh_backend(backend, start_worker, settings):
+    from zktasks.backend import ZooKeeperBackend
+
+    start_worker()
+    job = tasks.add.submit(20, 22)
+    job.wait(timeout=30)
+    fresh = ZooKeeperBackend("default", settings.TASKS["default"])
+    fetched = fresh.get_result(job.id)
+    assert fetched.return_value == 42
+    assert fetched.args == [20, 22]
+    assert fetched.task.func is tasks.add.func
+    assert tasks.add.get_result(job.id).id == job.id
+
+
+def test_takes_context_sees_attempt_and_id(backend, start_worker):
+    start_worker()
+    job = tasks.with_context.submit("x").wait(timeout=30)
+    assert job.return_value == {"attempt": 1, "id": job.id, "x": "x"}
+
+
+def test_queues_route_to_serving_workers_only(backend, start_worker):
+    start_worker(queues=["default"])
+    mail = tasks.email.submit("ada@example.com")
+    add = tasks.add.submit(1, 1)
+    assert add.wait(timeout=30).return_value == 2
+    with pytest.raises(TimeoutError):
+        mail.wait(timeout=1.0)  # nobody serves "emails" yet
+    start_worker(queues=["emails"])
+    assert mail.wait(timeout=30).return_value == "sent to ada@example.com"

@@ -1,0 +1,53 @@
+"""Tasks the test suite submits. Importable by workers started from the repo root."""
+
+import os
+import time
+from pathlib import Path
+
+from zktasks import zk_task
+
+
+@zk_task
+def add(a, b):
+    return a + b
+
+
+@zk_task(queue_name="emails")
+def email(address):
+    return f"sent to {address}"
+
+
+@zk_task
+def boom(message):
+    raise ValueError(message)
+
+
+@zk_task
+def sleep_then_return(marker_dir, seconds, value):
+    """Record the start in a file (so a test can wait for it), sleep, return."""
+    Path(marker_dir, f"started-{os.getpid()}-{time.monotonic_ns()}").touch()
+    time.sleep(seconds)
+    return value
+
+
+@zk_task
+def wait_for_file(path, value):
+    """Block until `path` exists (a test releases the job by creating it)."""
+    while not os.path.exists(path):
+        time.sleep(0.02)
+    return value
+
+
+@zk_task(takes_context=True)
+def with_context(context, x):
+    return {"attempt": context.attempt, "id": context.task_result.id, "x": x}
+
+
+@zk_task
+def exit_hard(code):
+    os._exit(code)
+
+
+@zk_task(timeout=0.5)
+def hang():
+    time.sleep(60)

@@ -1,0 +1,288 @@
+"""ZooKeeperBackend: Django's task backend API over the zktasks tree."""
+
+import dataclasses
+import logging
+import threading
+import time
+
+from django.core import checks
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import (
+    TASK_MAX_PRIORITY,
+    TASK_MIN_PRIORITY,
+    TaskError,
+    TaskResultStatus,
+)
+from django.tasks.exceptions import InvalidTask
+from django.tasks.signals import task_enqueued
+from django.utils.inspect import get_func_args
+
+from . import envelope, records, serialization
+from .client import get_client
+from .conf import Options
+from .exceptions import (
+    ConfigurationError,
+    InvalidTaskError,
+    JobCancelled,
+    JobNotFound,
+    PayloadVerificationError,
+    ZooKeeperUnavailableError,
+)
+from .records import StatusRecord
+from .store import Store, failures
+from .task import ZkTask, ZkTaskResult
+from .tree import QUEUE_RE, is_job_id, job_node_name
+
+logger = logging.getLogger(__name__)
+
+
+class ZooKeeperBackend(BaseTaskBackend):
+    """Store jobs in ZooKeeper for `manage.py runworker` processes to run."""
+
+    task_class = ZkTask
+    supports_defer = False
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias, params):
+        super().__init__(alias, params)
+        self._params = params
+        self._conf: Options | None = None
+
+    # -- configuration ---------------------------------------------------------------
+
+    @property
+    def conf(self) -> Options:
+        """The parsed OPTIONS (Django keeps the raw dict in `self.conf`)."""
+        if self._conf is None:
+            self._conf = Options.from_params(self.alias, self._params)
+        return self._conf
+
+    @property
+    def store(self) -> Store:
+        """A Store on this process's shared client (cheap; built per call on purpose:
+        the client registry owns the session, not this backend)."""
+        return Store(get_client(self.conf), self.conf)
+
+    def check(self, **kwargs):
+        try:
+            self.conf  # noqa: B018 - parsing is the check
+        except ConfigurationError as exc:
+            return [checks.Error(str(exc), id="zktasks.E001",
+                                 hint="See the TASKS example in zktasks' README.")]
+        bad = sorted(q for q in self.queues if not QUEUE_RE.match(q))
+        if bad:
+            return [checks.Error(
+                f"TASKS[{self.alias!r}]['QUEUES'] has names that cannot be znode names: "
+                f"{bad!r}.", id="zktasks.E002",
+                hint="Use letters, digits, '_', '-' and '.' (not first).",
+            )]
+        return []
+
+    # -- validation --------------------------------------------------------------------
+
+    def validate_task(self, task):
+        """Accept what Django's backends accept, plus functions that travel by value."""
+        if task.takes_context:
+            args = get_func_args(task.func)
+            if not args or args[0] != "context":
+                raise InvalidTaskError(
+                    f"Task {task.module_path!r} takes context, so its first argument must "
+                    "be named 'context'."
+                )
+        priority = task.priority
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY
+        ):
+            raise InvalidTaskError(
+                f"Priority {priority!r} of task {task.module_path!r} is invalid; give a whole "
+                f"number from {TASK_MIN_PRIORITY} to {TASK_MAX_PRIORITY}."
+            )
+        if task.run_after is not None and not self.supports_defer:
+            raise InvalidTaskError(
+                f"Task {task.module_path!r} has run_after, which this zktasks version does "
+                "not support yet; submit it without run_after."
+            )
+        queue = task.queue_name
+        if not isinstance(queue, str) or not QUEUE_RE.match(queue):
+            raise InvalidTaskError(
+                f"Queue name {queue!r} is invalid; use letters, digits, '_', '-' and '.'."
+            )
+        if self.queues and queue not in self.queues:
+            raise InvalidTaskError(
+                f"Queue {queue!r} is not one of the queues of backend {self.alias!r} "
+                f"({sorted(self.queues)!r}); add it to TASKS[{self.alias!r}]['QUEUES'] or "
+                "submit to one of those."
+            )
+
+    # -- enqueue ------------------------------------------------------------------------
+
+    def enqueue(self, task, args, kwargs):
+        try:
+            self.validate_task(task)
+        except InvalidTask as exc:
+            if isinstance(exc, InvalidTaskError):
+                raise
+            raise InvalidTaskError(str(exc)) from exc
+        from .tree import new_job_id
+
+        job_id = new_job_id()
+        blob = serialization.dump_call(
+            task.func, args, kwargs, task_path=task.module_path,
+            by_value=getattr(task, "by_value", None),
+        )
+        conf = self.conf
+        record = StatusRecord(
+            id=job_id,
+            task=task.module_path,
+            backend=self.alias,
+            queue=task.queue_name,
+            priority=task.priority,
+            enqueued_at=records.now(),
+            max_attempts=getattr(task, "max_attempts", 1),
+            timeout=getattr(task, "timeout", None),
+            takes_context=task.takes_context,
+            args_repr=serialization.short_repr(args, kwargs),
+            payload=envelope.seal(blob, job_id=job_id, kind=envelope.PAYLOAD,
+                                  key=conf.signing_key),
+        )
+        self.store.submit(record)
+        result = self.build_result(record, task=task, args=list(args), kwargs=dict(kwargs))
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # -- results -----------------------------------------------------------------------
+
+    def get_result(self, result_id):
+        if not isinstance(result_id, str) or not is_job_id(result_id):
+            raise JobNotFound(f"No job has the id {result_id!r}.")
+        found = self.store.read_status(result_id)
+        if found is None:
+            raise JobNotFound(
+                f"No job has the id {result_id!r} (never submitted, or expired after "
+                "RESULT_TTL)."
+            )
+        return self.build_result(found.record)
+
+    def build_result(self, record: StatusRecord, *, task=None, args=None, kwargs=None):
+        """Turn a status record into a ZkTaskResult, loading only verified pickles."""
+        key = self.conf.signing_key
+        if task is None or args is None:
+            func, args, kwargs = self._load_call(record)
+            task = self._task_for(record, func)
+        return_value = None
+        if record.state == records.SUCCESSFUL and record.result is not None:
+            return_value = envelope.load(record.result, job_id=record.id,
+                                         kind=envelope.RESULT, key=key)
+        result = ZkTaskResult(
+            task=task,
+            id=record.id,
+            status=TaskResultStatus(record.state),
+            enqueued_at=record.enqueued_at,
+            started_at=record.started_at,
+            finished_at=record.finished_at,
+            last_attempted_at=record.last_attempted_at,
+            args=list(args),
+            kwargs=dict(kwargs),
+            backend=self.alias,
+            errors=[TaskError(exception_class_path=e.exception_class_path,
+                              traceback=e.traceback) for e in record.errors],
+            worker_ids=list(record.worker_ids),
+            queue_name=record.queue,
+            extra={"attempts": record.attempts, "task_path": record.task},
+        )
+        object.__setattr__(result, "_return_value", return_value)
+        return result
+
+    def _load_call(self, record: StatusRecord):
+        if record.payload is None:
+            return _payload_unavailable, (), {}
+        blob = envelope.open_envelope(record.payload, job_id=record.id,
+                                      kind=envelope.PAYLOAD, key=self.conf.signing_key)
+        return serialization.load_call(blob)
+
+    def _task_for(self, record: StatusRecord, func):
+        fields = dict(
+            func=func, backend=self.alias, queue_name=record.queue, priority=record.priority,
+            takes_context=record.takes_context, max_attempts=record.max_attempts,
+            timeout=record.timeout,
+        )
+        try:
+            return self.task_class(**fields)
+        except InvalidTask:
+            # The settings changed since (queue removed from QUEUES): the record still
+            # stands, so describe it as it was submitted, without validating again.
+            task = object.__new__(self.task_class)
+            for item in dataclasses.fields(self.task_class):
+                value = fields.get(item.name, item.default)
+                object.__setattr__(task, item.name, value)
+            return task
+
+    def wait(self, job_id: str, timeout: float | None = None):
+        """Block on the job's own status znode (rule 7: no herd) until it finishes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        changed = threading.Event()
+        store = self.store
+
+        def on_change(event):
+            # Runs on kazoo's event thread: only signal.
+            changed.set()
+
+        while True:
+            changed.clear()
+            try:
+                found = store.read_status(job_id, watch=on_change)
+            except ZooKeeperUnavailableError:
+                found = _UNKNOWN
+            if found is None:
+                raise JobNotFound(f"No job has the id {job_id!r}.")
+            if found is not _UNKNOWN and found.record.is_finished:
+                return self.build_result(found.record)
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                state = "unknown" if found is _UNKNOWN else found.record.state
+                raise TimeoutError(
+                    f"Job {job_id!r} did not finish within {timeout:g}s (state {state})."
+                )
+            changed.wait(remaining if remaining is not None else 60.0)
+
+    def cancel(self, job_id: str) -> bool:
+        """Fail a job that no worker has taken yet; return False once it is assigned."""
+        store = self.store
+        found = store.read_status(job_id)
+        if found is None:
+            raise JobNotFound(f"No job has the id {job_id!r}.")
+        record = found.record
+        if record.is_finished:
+            return record.state == records.FAILED and any(
+                e.exception_class_path.endswith("JobCancelled") for e in record.errors)
+        if record.state != records.READY:
+            return False
+        exc = JobCancelled(f"Job {job_id!r} was cancelled before it ran.")
+        final = record.evolve(
+            state=records.FAILED, finished_at=records.now(),
+            errors=record.errors + (records.ErrorRecord(
+                exception_class_path="zktasks.exceptions.JobCancelled",
+                message=str(exc), traceback=str(exc) + "\n"),),
+        )
+        job_path = store.layout.job(record.queue, job_node_name(record.priority, job_id))
+
+        def build(txn):
+            txn.delete(job_path)
+            txn.set_data(store.layout.status(job_id), final.to_bytes(), version=found.version)
+
+        results = store.commit(build, landed=lambda: store._written(
+            store.layout.status(job_id), final.to_bytes()))
+        return not failures(results)
+
+
+_UNKNOWN = object()
+
+
+def _payload_unavailable(*args, **kwargs):
+    raise PayloadVerificationError("This job's payload is no longer stored.")
+
+

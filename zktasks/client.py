@@ -1,0 +1,110 @@
+"""Build and share KazooClients: the only place one is created.
+
+Django builds task backends per thread and rebuilds them whenever TASKS changes, so a
+ZooKeeper session must not belong to a backend instance. Instead each process keeps one
+started client per connection key (hosts, auth, session timeout), rebuilt after a fork
+(kazoo's threads and socket do not survive one), and closes those the settings no longer
+name.
+"""
+
+import logging
+import os
+import threading
+
+from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
+from kazoo.security import make_digest_acl
+
+from .conf import Options
+from .exceptions import ZooKeeperUnavailableError
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_clients: dict[tuple, KazooClient] = {}
+_pid = os.getpid()
+
+
+def new_client(options: Options) -> KazooClient:
+    """Return an unstarted client for `options`, with digest auth and ACL when AUTH is set."""
+    kwargs = {}
+    if options.auth:
+        user, _, password = options.auth.partition(":")
+        kwargs["auth_data"] = [("digest", options.auth)]
+        kwargs["default_acl"] = [make_digest_acl(user, password, all=True)]
+    return KazooClient(
+        hosts=options.hosts,
+        timeout=options.session_timeout,
+        # Reconnect forever; callers bound their own waits. max_delay keeps the
+        # reconnection loop responsive once the ensemble is back.
+        connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
+        **kwargs,
+    )
+
+
+def start(client: KazooClient, options: Options) -> KazooClient:
+    """Start `client`, raising a clear error if ZooKeeper does not answer in time."""
+    try:
+        client.start(timeout=options.connect_timeout)
+    except KazooTimeoutError as exc:
+        client.stop()
+        client.close()
+        raise ZooKeeperUnavailableError(
+            f"Could not connect to ZooKeeper at {options.hosts!r} within "
+            f"{options.connect_timeout:g}s; start it, or fix "
+            f"TASKS[{options.alias!r}]['OPTIONS']['HOSTS']."
+        ) from exc
+    return client
+
+
+def get_client(options: Options) -> KazooClient:
+    """Return this process's started client for `options`' connection key."""
+    global _pid
+    key = options.client_key
+    with _lock:
+        if os.getpid() != _pid:
+            # Inherited from the parent: its threads are gone here. Drop without closing,
+            # which would touch the parent's session.
+            _clients.clear()
+            _pid = os.getpid()
+        client = _clients.get(key)
+        if client is None:
+            client = start(new_client(options), options)
+            _clients[key] = client
+        return client
+
+
+def close_clients(keep: set[tuple] | None = None) -> None:
+    """Close the shared clients whose key is not in `keep` (all of them by default)."""
+    with _lock:
+        for key in [k for k in _clients if not keep or k not in keep]:
+            client = _clients.pop(key)
+            try:
+                client.stop()
+                client.close()
+            except Exception:  # closing must not mask the caller's work
+                logger.debug("closing ZooKeeper client failed key=%s", key, exc_info=True)
+
+
+def _on_setting_changed(*, setting, **kwargs):
+    if setting != "TASKS":
+        return
+    from django.conf import settings
+
+    from .conf import Options as _Options
+
+    keep = set()
+    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
+        if str(params.get("BACKEND", "")).startswith("zktasks."):
+            try:
+                keep.add(_Options.from_params(alias, params).client_key)
+            except Exception:
+                continue
+    close_clients(keep)
+
+
+def connect_signals() -> None:
+    from django.core.signals import setting_changed
+
+    setting_changed.connect(_on_setting_changed, dispatch_uid="zktasks.client")

@@ -1,0 +1,109 @@
+"""Parse and validate a ZooKeeperBackend's OPTIONS; nothing here is read at import time."""
+
+import re
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from .exceptions import ConfigurationError
+
+# jute.maxbuffer defaults to 0xfffff bytes; a request over it is answered by closing the
+# connection, which kazoo retries forever. Leave room for the rest of a multi's request.
+DEFAULT_MAX_RECORD_BYTES = 1_000_000
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    alias: str
+    hosts: str
+    root: str
+    session_timeout: float
+    connect_timeout: float
+    result_ttl: int
+    auth: str | None
+    signing_key: str
+    max_record_bytes: int
+
+    @property
+    def client_key(self) -> tuple:
+        """Identify the ZooKeeper session these options need (shared by equal backends)."""
+        return (self.hosts, self.auth, self.session_timeout)
+
+    @classmethod
+    def from_params(cls, alias: str, params: dict) -> "Options":
+        """Build options from a TASKS entry, raising ConfigurationError on bad values."""
+        raw = dict(params.get("OPTIONS") or {})
+        where = f"TASKS[{alias!r}]['OPTIONS']"
+        known = {
+            "HOSTS", "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "RESULT_TTL", "AUTH",
+            "SIGNING_KEY", "MAX_RECORD_BYTES",
+        }
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"{where} has unknown keys {unknown!r}; the known ones are {sorted(known)!r}."
+            )
+        hosts = raw.get("HOSTS", "127.0.0.1:2181")
+        if not isinstance(hosts, str) or not hosts.strip():
+            raise ConfigurationError(
+                f"{where}['HOSTS'] is {hosts!r}; give 'host:port[,host:port...]'."
+            )
+        hosts, _, chroot = hosts.strip().partition("/")
+        for host in hosts.split(","):
+            if not _HOST_RE.match(host.strip()):
+                raise ConfigurationError(
+                    f"{where}['HOSTS'] has {host!r}, which is not 'host:port'."
+                )
+        if chroot:
+            raise ConfigurationError(
+                f"{where}['HOSTS'] has a chroot '/{chroot}'; put the path in ROOT instead."
+            )
+        root = raw.get("ROOT", "/zktasks")
+        if (
+            not isinstance(root, str)
+            or not root.startswith("/")
+            or root == "/"
+            or root.endswith("/")
+            or "//" in root
+        ):
+            raise ConfigurationError(
+                f"{where}['ROOT'] is {root!r}; give an absolute znode path such as '/zktasks'."
+            )
+        session_timeout = _positive(raw.get("SESSION_TIMEOUT", 10.0), where, "SESSION_TIMEOUT")
+        connect_timeout = _positive(
+            raw.get("CONNECT_TIMEOUT", session_timeout), where, "CONNECT_TIMEOUT"
+        )
+        result_ttl = _positive(raw.get("RESULT_TTL", 86400), where, "RESULT_TTL")
+        auth = raw.get("AUTH")
+        if auth is not None and (not isinstance(auth, str) or ":" not in auth):
+            raise ConfigurationError(f"{where}['AUTH'] must be 'user:password' or None.")
+        signing_key = raw.get("SIGNING_KEY") or settings.SECRET_KEY
+        if not signing_key:
+            raise ConfigurationError(
+                f"{where}['SIGNING_KEY'] is empty and so is SECRET_KEY; payloads must be signed."
+            )
+        max_record = int(raw.get("MAX_RECORD_BYTES", DEFAULT_MAX_RECORD_BYTES))
+        if not 10_000 <= max_record <= 0xFFFFF:
+            raise ConfigurationError(
+                f"{where}['MAX_RECORD_BYTES'] is {max_record!r}; keep it between 10000 and "
+                f"{0xFFFFF} (ZooKeeper's default jute.maxbuffer)."
+            )
+        return cls(
+            alias=alias,
+            hosts=hosts,
+            root=root,
+            session_timeout=float(session_timeout),
+            connect_timeout=float(connect_timeout),
+            result_ttl=int(result_ttl),
+            auth=auth,
+            signing_key=str(signing_key),
+            max_record_bytes=max_record,
+        )
+
+
+def _positive(value, where, key):
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigurationError(f"{where}[{key!r}] is {value!r}; give a positive number.")
+    return value

@@ -1,0 +1,245 @@
+"""Run one job's code, in a task process (default) or a thread, and report its outcome.
+
+Task processes are spawned, not forked: a KazooClient is not fork-safe, and the task code
+must never touch the worker's session. A task process that exits (os._exit, a segfault,
+the OOM killer) or runs past its time limit costs that one job: the slot starts a fresh
+process and the worker goes on.
+"""
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+from dataclasses import dataclass
+from inspect import iscoroutinefunction
+
+from .exceptions import TaskProcessDied, TaskTimeout
+from .records import ErrorRecord
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Execution:
+    """What a task process needs to run a job: verified bytes and the job's record."""
+
+    job_id: str
+    blob: bytes            # verified dill bytes of (function, args, kwargs)
+    record_json: bytes     # the RUNNING status record (for the task's context)
+    timeout: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    ok: bool
+    value_blob: bytes | None = None
+    error: ErrorRecord | None = None
+
+
+def execute(execution: Execution) -> Outcome:
+    """Load and call the job's function; never raises."""
+    from . import serialization
+
+    try:
+        func, args, kwargs = serialization.load_call(execution.blob)
+        from .records import StatusRecord
+
+        record = StatusRecord.from_bytes(execution.record_json)
+        if record.takes_context:
+            args = (_context(record, func, args, kwargs), *args)
+        if iscoroutinefunction(func):
+            from asgiref.sync import async_to_sync
+
+            value = async_to_sync(func)(*args, **kwargs)
+        else:
+            value = func(*args, **kwargs)
+        return Outcome(ok=True, value_blob=serialization.dump_value(value))
+    except BaseException as exc:  # a task's SystemExit is its failure, not ours
+        return Outcome(ok=False, error=ErrorRecord.from_exception(exc))
+    finally:
+        try:
+            from django.db import close_old_connections
+
+            close_old_connections()
+        except Exception:
+            logger.debug("closing database connections failed", exc_info=True)
+
+
+def _context(record, func, args, kwargs):
+    from django.tasks import TaskContext, task_backends
+
+    backend = task_backends[record.backend]
+    task = backend._task_for(record, func)
+    result = backend.build_result(record, task=task, args=list(args), kwargs=dict(kwargs))
+    return TaskContext(task_result=result)
+
+
+# -- thread pool ------------------------------------------------------------------------
+
+
+class ThreadRunner:
+    """Run jobs in the calling thread: for I/O-bound work. No hard time limit."""
+
+    name = "thread"
+
+    def start(self) -> None:
+        pass
+
+    def run(self, execution: Execution) -> Outcome:
+        return execute(execution)
+
+    def stop(self, *, force: bool = False) -> None:
+        pass
+
+
+# -- process pool -----------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Linux: the kernel kills this process when the thread that spawned it exits, so a
+    # SIGKILLed worker leaves no task process running side effects on its own.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _child_main(conn, parent_pid: int) -> None:
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    # Ctrl-C reaches the whole process group; the worker decides what stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import django
+
+    django.setup()
+    while True:
+        try:
+            execution = conn.recv()
+        except EOFError:
+            return
+        conn.send(execute(execution))
+
+
+class _Slot:
+    def __init__(self, ctx, index: int):
+        self.ctx = ctx
+        self.index = index
+        self.process = None
+        self.conn = None
+
+    def ensure(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            return
+        self.close()
+        parent, child = self.ctx.Pipe()
+        self.process = self.ctx.Process(
+            target=_child_main, args=(child, os.getpid()), name=f"zktasks-task-{self.index}",
+            daemon=True,
+        )
+        self.process.start()
+        child.close()
+        self.conn = parent
+
+    def run(self, execution: Execution) -> Outcome:
+        self.ensure()
+        try:
+            self.conn.send(execution)
+            if not self.conn.poll(execution.timeout):
+                self.kill()
+                return _failure(TaskTimeout(
+                    f"Job {execution.job_id!r} ran past its {execution.timeout:g}s time "
+                    "limit; its task process was killed."
+                ))
+            return self.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            code = self._reap()
+            return _failure(TaskProcessDied(
+                f"The task process running job {execution.job_id!r} exited with "
+                f"{_describe_exit(code)} before reporting an outcome."
+            ))
+
+    def _reap(self):
+        if self.process is None:
+            return None
+        self.process.join(5)
+        code = self.process.exitcode
+        self.close()
+        return code
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+        self._reap()
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+        self.process = None
+
+
+def _describe_exit(code) -> str:
+    if code is None:
+        return "an unknown status"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _failure(exc: BaseException) -> Outcome:
+    return Outcome(ok=False, error=ErrorRecord.from_exception(exc))
+
+
+class ProcessRunner:
+    """A fixed set of task processes; each job borrows one for its whole run."""
+
+    name = "process"
+
+    def __init__(self, size: int):
+        self.ctx = multiprocessing.get_context("spawn")
+        self.slots = [_Slot(self.ctx, i) for i in range(size)]
+        self.free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        for slot in self.slots:
+            slot.ensure()
+            self.free.put(slot)
+
+    def run(self, execution: Execution) -> Outcome:
+        slot = self.free.get()
+        try:
+            return slot.run(execution)
+        finally:
+            self.free.put(slot)
+
+    def stop(self, *, force: bool = False) -> None:
+        for slot in self.slots:
+            if force:
+                slot.kill()
+            elif slot.conn is not None:
+                slot.conn.close()  # the child sees EOF and exits
+        for slot in self.slots:
+            if slot.process is not None:
+                slot.process.join(5)
+                if slot.process.is_alive():
+                    slot.process.kill()
+            slot.close()
+
+
+def make_runner(pool: str, concurrency: int):
+    if pool == "thread":
+        return ThreadRunner()
+    if pool == "process":
+        return ProcessRunner(concurrency)
+    raise ValueError(f"Unknown pool {pool!r}; use 'process' or 'thread'.")

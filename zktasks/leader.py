@@ -1,0 +1,362 @@
+"""Elect a leader and run its duties: assign pending jobs, hand back dead workers' jobs.
+
+Election is kazoo's Lock recipe (ephemeral sequential znodes with a uuid prefix, each
+contender watching only its predecessor). kazoo does not stop a leader when its session
+goes, so this module does (Curator's SUSPENDED/LOST policy): on SUSPENDED the leader
+assigns nothing; on reconnection it checks its election znode is still its own; on LOST it
+abdicates and contends again. Every multi it issues checks its own sequential election
+znode, a name that can never come back, so a paused leader's late writes fail (rule 2).
+
+Watches only set flags and wake the leader thread, which does every read itself: its
+reads then follow its own writes in ZooKeeper's per-client order, so its view never
+regresses behind its own multis (a recipe's callback, reading on kazoo's thread, could
+deliver a list read before our last multi).
+"""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kazoo.exceptions import (
+    CancelledError,
+    KazooException,
+    NoNodeError,
+    NotEmptyError,
+)
+from kazoo.protocol.states import EventType, KazooState
+
+from . import records
+from .store import TRANSIENT, Store, failures
+from .tree import parse_job_node
+
+logger = logging.getLogger(__name__)
+
+BATCH = 100              # jobs per assignment multi (ops = 2 per job + the fence)
+RECONCILE_EVERY = 30.0   # seconds between full re-reads even when no watch fired
+
+
+class LeadershipLost(Exception):
+    """Our election znode is gone: stop acting as leader at once."""
+
+
+@dataclass(slots=True)
+class WorkerView:
+    worker_id: str
+    queues: frozenset[str] = frozenset()
+    capacity: int = 1
+    draining: bool = False
+    assigned: set[str] = field(default_factory=set)
+
+    def serves(self, queue: str) -> bool:
+        return not self.queues or queue in self.queues
+
+    @property
+    def free(self) -> int:
+        return 0 if self.draining else self.capacity - len(self.assigned)
+
+
+class Leader:
+    """Contend for leadership with one identity; lead while elected."""
+
+    def __init__(self, store: Store, identity: str, *, stop: threading.Event):
+        self.store = store
+        self.client = store.client
+        self.layout = store.layout
+        self.identity = identity
+        self.stop_event = stop
+        self.wake = threading.Event()
+        self.lock = None
+        self.fence: str | None = None
+        self.is_leader = False
+        self.suspended = False
+        self.fence_lost = False
+        self.on_change = None  # optional callback(bool) for logs and tests
+        # What needs re-reading; "*" means everything.
+        self._dirty: set[str] = {"*"}
+        self._dirty_lock = threading.Lock()
+        self.workers: dict[str, WorkerView] = {}
+        self.pending: dict[str, list[str]] = {}
+        self.assignments_total = 0
+
+    # -- election ----------------------------------------------------------------------
+
+    def contend(self) -> bool:
+        """Block until elected (True) or told to stop (False)."""
+        self.lock = self.client.Lock(self.layout.leader, identifier=self.identity)
+        try:
+            acquired = self.lock.acquire()
+        except CancelledError:
+            return False
+        if not acquired or self.stop_event.is_set():
+            self._release()
+            return False
+        self.fence = self.layout.election_node(self.lock.node)
+        return self._own_fence()
+
+    def _own_fence(self) -> bool:
+        """Confirm the election znode exists and belongs to our current session."""
+        try:
+            stat = self.client.exists(self.fence)
+        except TRANSIENT:
+            return False
+        return stat is not None and stat.ephemeralOwner == self.client.client_id[0]
+
+    def cancel(self) -> None:
+        self.stop_event.set()
+        self.wake.set()
+        if self.lock is not None:
+            self.lock.cancel()
+
+    def _release(self) -> None:
+        if self.lock is None:
+            return
+        try:
+            self.lock.release()
+        except KazooException:
+            logger.debug("leader lock release failed", exc_info=True)
+        self.lock = None
+
+    # -- connection state (called on kazoo's thread: never block, never call ZooKeeper) --
+
+    def on_state(self, state) -> None:
+        if state == KazooState.SUSPENDED:
+            self.suspended = True
+        elif state == KazooState.CONNECTED:
+            self.suspended = False
+            self.mark("*")
+        elif state == KazooState.LOST:
+            self.suspended = True
+            self.fence_lost = True
+        self.wake.set()
+
+    def mark(self, key: str) -> None:
+        with self._dirty_lock:
+            self._dirty.add(key)
+        self.wake.set()
+
+    def _watch(self, key: str):
+        def fire(event):
+            # kazoo fires NONE on disconnect and forgets the watch: re-read everything.
+            self.mark("*" if event.type == EventType.NONE else key)
+        return fire
+
+    # -- leading -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Contend and lead until stopped; contend again after losing leadership."""
+        while not self.stop_event.is_set():
+            self.fence_lost = False
+            try:
+                if not self.contend():
+                    self._release()
+                    if self.stop_event.is_set():
+                        return
+                    continue
+                self._lead()
+            except LeadershipLost as exc:
+                logger.warning("leadership lost worker=%s reason=%s", self.identity, exc)
+            except KazooException as exc:
+                logger.warning("leader error worker=%s error=%r; contending again",
+                               self.identity, exc)
+            finally:
+                self._set_leader(False)
+                self._release()
+            # Back off briefly so a flapping connection does not spin.
+            self.stop_event.wait(0.2)
+
+    def _set_leader(self, value: bool) -> None:
+        if value != self.is_leader:
+            self.is_leader = value
+            if value:
+                logger.info("leader elected worker=%s fence=%s", self.identity, self.fence)
+            else:
+                logger.info("leader stepped down worker=%s", self.identity)
+            if self.on_change:
+                self.on_change(value)
+
+    def _lead(self) -> None:
+        self._set_leader(True)
+        self.mark("*")  # rule 6: a new leader reconciles from the whole tree
+        last_full = 0.0
+        while not self.stop_event.is_set():
+            if self.fence_lost:
+                raise LeadershipLost("session expired")
+            if self.suspended:
+                self.wake.wait(1.0)
+                self.wake.clear()
+                continue
+            now = time.monotonic()
+            if now - last_full > RECONCILE_EVERY:
+                self.mark("*")
+                last_full = now
+            self.wake.clear()
+            try:
+                self._tick()
+            except TRANSIENT:
+                self.mark("*")  # outcome unknown: re-read the truth after reconnecting
+                self.wake.wait(0.1)
+                continue
+            self.wake.wait(RECONCILE_EVERY)
+
+    def _tick(self) -> None:
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        if dirty:
+            if "*" in dirty and not self._own_fence():
+                raise LeadershipLost("election znode gone")
+            self._refresh(dirty)
+            if "*" in dirty or "workers" in dirty:
+                self._reassign_orphans()
+        self._assign()
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _refresh(self, dirty: set[str]) -> None:
+        full = "*" in dirty
+        if full or "workers" in dirty:
+            live = set(self.store.children(self.layout.workers, watch=self._watch("workers")))
+            for gone in set(self.workers) - live:
+                del self.workers[gone]
+            for worker_id in live - set(self.workers):
+                self.workers[worker_id] = WorkerView(worker_id)
+                dirty.add(f"w:{worker_id}")
+                dirty.add(f"a:{worker_id}")
+        for worker_id, view in self.workers.items():
+            if full or f"w:{worker_id}" in dirty:
+                self._read_worker(view)
+            if full or f"a:{worker_id}" in dirty:
+                path = self.layout.worker_assignments(worker_id)
+                view.assigned = set(self.store.children(path, watch=self._watch(f"a:{worker_id}")))
+        if full or "queues" in dirty:
+            queues = self.store.children(self.layout.jobs, watch=self._watch("queues"))
+            for queue in queues:
+                if queue not in self.pending:
+                    dirty.add(f"q:{queue}")
+            for queue in set(self.pending) - set(queues):
+                del self.pending[queue]
+        for queue in list(self.pending) + [k[2:] for k in dirty if k.startswith("q:")]:
+            if full or f"q:{queue}" in dirty:
+                watch = self._watch(f"q:{queue}")
+                names = self.store.children(self.layout.queue(queue), watch=watch)
+                self.pending[queue] = sorted(n for n in names if parse_job_node(n))
+
+    def _read_worker(self, view: WorkerView) -> None:
+        path = self.layout.worker(view.worker_id)
+        try:
+            watch = self._watch(f"w:{view.worker_id}")
+            raw, _ = self.store.retry(self.client.get, path, watch=watch)
+            data = records.loads(raw, path=path)
+        except NoNodeError:
+            view.draining = True  # gone; the children watch will drop it
+            return
+        except Exception as exc:  # garbage in a worker znode: never crash the leader
+            logger.error("unreadable worker znode path=%s error=%s", path, exc)
+            view.draining = True
+            return
+        view.queues = frozenset(data.get("queues") or ())
+        view.capacity = max(1, int(data.get("concurrency", 1)) + int(data.get("prefetch", 0)))
+        view.draining = bool(data.get("draining"))
+
+    # -- duties --------------------------------------------------------------------------
+
+    def _reassign_orphans(self) -> None:
+        """Hand back the jobs of workers whose znode is gone (rule 6)."""
+        owners = self.store.children(self.layout.assignments, watch=None)
+        for owner in owners:
+            # A worker registering right now makes its assignments parent and its worker
+            # znode in one multi, which can fall between our two reads: ask again.
+            if owner in self.workers or self.client.exists(self.layout.worker(owner)):
+                continue
+            parent = self.layout.worker_assignments(owner)
+            for job_id in self.store.children(parent):
+                self._requeue(owner, job_id)
+            try:
+                self.client.delete(parent)
+            except (NoNodeError, NotEmptyError):
+                pass
+
+    def _requeue(self, owner: str, job_id: str) -> None:
+        path = self.layout.assignment(owner, job_id)
+        try:
+            raw, _ = self.client.get(path)
+            info = records.loads(raw, path=path)
+            queue, node = info["queue"], info["node"]
+        except NoNodeError:
+            return
+        except Exception as exc:
+            logger.error("unreadable assignment path=%s error=%s; removing it", path, exc)
+            self.client.delete(path)
+            return
+        try:
+            status = self.store.read_status(job_id)
+        except Exception as exc:
+            logger.error("unreadable status job=%s error=%s", job_id, exc)
+            status = None
+        results = self.store.requeue(self.fence, owner, job_id, queue, node, status)
+        failed = failures(results)
+        if failed:
+            self._raise_if_fence(failed)
+            logger.info("requeue skipped job=%s from=%s reason=%s", job_id, owner, failed)
+            self.mark("*")
+            return
+        logger.warning("job handed back job=%s from=%s (worker gone)", job_id, owner)
+        self.mark(f"q:{queue}")
+
+    def _assign(self) -> None:
+        plan = self.plan()
+        for start in range(0, len(plan), BATCH):
+            batch = plan[start:start + BATCH]
+            results = self.store.assign(self.fence, batch)
+            failed = failures(results)
+            if failed:
+                self._raise_if_fence(failed)
+                self._explain_refusal(batch, failed)
+                return
+            for queue, node, worker_id in batch:
+                logger.info("assigned job=%s queue=%s worker=%s", node.split("-", 1)[1],
+                            queue, worker_id)
+            self.assignments_total += len(batch)
+
+    def _explain_refusal(self, batch, failed) -> None:
+        """Learn from a refused batch so the next plan does not repeat it."""
+        index, error = failed[0]
+        queue, node, worker_id = batch[(index - 1) // 2]
+        creating = (index - 1) % 2 == 0
+        if creating and isinstance(error, NoNodeError) and worker_id in self.workers:
+            # The worker's assignments parent is missing: it is leaving or broken.
+            logger.error("worker has no assignments znode worker=%s; not assigning to it",
+                         worker_id)
+            self.workers[worker_id].draining = True
+        else:
+            # Typically the job vanished (cancelled) or a worker left: re-read, replan.
+            logger.debug("assignment batch refused job=%s error=%r", node, error)
+            self.mark(f"q:{queue}")
+            self.mark(f"a:{worker_id}")
+        for q, n, w in batch:  # undo our optimistic view; the re-read gives the truth
+            self.workers.get(w, WorkerView(w)).assigned.discard(n.split("-", 1)[1])
+            self.mark(f"q:{q}")
+
+    def _raise_if_fence(self, failed) -> None:
+        if failed and failed[0][0] == 0 and isinstance(failed[0][1], NoNodeError):
+            raise LeadershipLost("fence check failed")
+
+    def plan(self) -> list[tuple[str, str, str]]:
+        """Decide (queue, job_node, worker) moves: highest priority, then oldest, first;
+        each to the serving worker with the most free slots. Updates the local view."""
+        candidates = sorted(
+            (node, queue) for queue, nodes in self.pending.items() for node in nodes
+        )
+        moves = []
+        for node, queue in candidates:
+            workers = [w for w in self.workers.values() if w.free > 0 and w.serves(queue)]
+            if not workers:
+                if not any(w.free > 0 for w in self.workers.values()):
+                    break
+                continue
+            target = max(workers, key=lambda w: (w.free, w.worker_id))
+            job_id = node.split("-", 1)[1]
+            target.assigned.add(job_id)
+            self.pending[queue].remove(node)
+            moves.append((queue, node, target.worker_id))
+        return moves

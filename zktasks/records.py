@@ -1,0 +1,136 @@
+"""Encode and decode the JSON records kept in znodes (status, job, assignment, worker).
+
+Records are JSON a person can read with `zkCli.sh get`. Pickled parts (payload, result)
+are signed envelopes (see envelope.py); errors are text, never pickles.
+"""
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+
+from .exceptions import CorruptRecord
+
+SCHEMA = 1
+
+READY = "READY"
+RUNNING = "RUNNING"
+SUCCESSFUL = "SUCCESSFUL"
+FAILED = "FAILED"
+STATES = (READY, RUNNING, SUCCESSFUL, FAILED)
+FINISHED = frozenset({SUCCESSFUL, FAILED})
+
+MAX_TRACEBACK_CHARS = 16_000
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _dt(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorRecord:
+    exception_class_path: str
+    message: str
+    traceback: str
+    attempt: int = 0
+    worker_id: str = ""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, *, attempt=0, worker_id="") -> "ErrorRecord":
+        import traceback
+
+        kind = type(exc)
+        return cls(
+            exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+            message=str(exc)[:2000],
+            traceback="".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:],
+            attempt=attempt,
+            worker_id=worker_id,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusRecord:
+    """The state of one job: /status/{job_id}."""
+
+    id: str
+    task: str                      # dotted path of the task function (display, lookup)
+    backend: str
+    queue: str
+    priority: int
+    state: str = READY
+    enqueued_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_attempted_at: datetime | None = None
+    run_after: datetime | None = None
+    attempts: int = 0
+    worker_ids: tuple[str, ...] = ()
+    errors: tuple[ErrorRecord, ...] = ()
+    max_attempts: int = 1
+    timeout: float | None = None
+    takes_context: bool = False
+    args_repr: str = ""
+    payload: dict | None = None    # signed envelope of the call (function, args, kwargs)
+    result: dict | None = None     # signed envelope of the return value
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in FINISHED
+
+    def evolve(self, **changes) -> "StatusRecord":
+        return replace(self, **changes)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        for key in ("enqueued_at", "started_at", "finished_at", "last_attempted_at", "run_after"):
+            data[key] = _iso(getattr(self, key))
+        data["worker_ids"] = list(self.worker_ids)
+        data["errors"] = [asdict(e) for e in self.errors]
+        data["v"] = SCHEMA
+        return data
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | None, *, path: str = "") -> "StatusRecord":
+        try:
+            data = json.loads(raw or b"")
+            if not isinstance(data, dict) or data.get("state") not in STATES:
+                raise ValueError("not a status record")
+            data.pop("v", None)
+            for key in ("enqueued_at", "started_at", "finished_at", "last_attempted_at",
+                        "run_after"):
+                data[key] = _dt(data.get(key))
+            data["worker_ids"] = tuple(data.get("worker_ids") or ())
+            data["errors"] = tuple(ErrorRecord(**e) for e in data.get("errors") or ())
+            return cls(**data)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CorruptRecord(
+                f"The znode {path or '(status)'} does not hold a zktasks status record: {exc}."
+            ) from exc
+
+
+def dumps(data: dict) -> bytes:
+    """Encode a small record (job, assignment, worker) as compact JSON."""
+    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+
+
+def loads(raw: bytes | None, *, path: str = "") -> dict:
+    """Decode a small record, raising CorruptRecord if it is not a JSON object."""
+    try:
+        data = json.loads(raw or b"")
+    except ValueError as exc:
+        raise CorruptRecord(f"The znode {path} does not hold JSON: {exc}.") from exc
+    if not isinstance(data, dict):
+        raise CorruptRecord(f"The znode {path} does not hold a JSON object.")
+    return data

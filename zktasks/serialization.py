@@ -1,0 +1,210 @@
+"""Turn a call (function, args, kwargs) into bytes a worker can run, and back.
+
+Module-level functions of installed code travel by reference (their dotted path);
+functions a worker cannot import (lambdas, closures, functions of `__main__`, a script or
+a test module) travel by value, as dill's serialized Runnable of the seed did.
+"""
+
+import builtins
+import importlib
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import dill
+
+from .exceptions import SerializationError
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionRef:
+    """A function known by its import path on every worker."""
+
+    module: str
+    qualname: str
+
+    def resolve(self):
+        obj: Any = importlib.import_module(self.module)
+        for part in self.qualname.split("."):
+            obj = getattr(obj, part)
+        # The module attribute of a decorated task is the Task; run its function.
+        return getattr(obj, "func", obj)
+
+
+@dataclass(frozen=True, slots=True)
+class ByValue:
+    """A function pickled whole; `module` is where it was defined (for its name only)."""
+
+    func: Any
+    module: str
+
+    def resolve(self):
+        local = find_local(self.module, getattr(self.func, "__qualname__", ""))
+        if local is not None:
+            # Importable here after all (a test module in the submitting process): use
+            # the original, so Task.get_result() finds the same function object.
+            return local
+        try:
+            self.func.__module__ = self.module
+        except (AttributeError, TypeError):
+            pass
+        return self.func
+
+
+def find_local(module: str, qualname: str):
+    """Return the function `module.qualname` if this process can import it, else None."""
+    if module == "__main__" or "<" in qualname or module not in sys.modules:
+        return None
+    try:
+        return FunctionRef(module, qualname).resolve()
+    except Exception:
+        return None
+
+
+def _is_test_module(module: str) -> bool:
+    parts = module.split(".")
+    return any(
+        p == "conftest" or p.startswith("test_") or p in ("test", "tests") or p.endswith("_test")
+        for p in parts
+    )
+
+
+def travels_by_value(func) -> bool:
+    """Say whether a worker is unlikely to import `func` and so needs it by value."""
+    qualname = getattr(func, "__qualname__", "")
+    module = getattr(func, "__module__", None) or "__main__"
+    if "<locals>" in qualname or "<lambda>" in qualname or module == "__main__":
+        return True
+    if _is_test_module(module):
+        return True
+    # A function replaced in its module (not reachable by its own name) cannot travel
+    # by reference: only a Task wrapping it is an acceptable stand-in.
+    try:
+        found = FunctionRef(module, qualname).resolve()
+    except Exception:
+        return True
+    return found is not func
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _detached(func: types.FunctionType, memo: dict) -> types.FunctionType:
+    """Copy `func` as if defined in __main__, so dill pickles its code, not its path.
+
+    dill pickles any function it can find by import as a reference; a function of a test
+    module is importable here but not on a worker. The copy gets a globals dict holding
+    only the names its code uses, and the same treatment for functions of its own module
+    that it calls, so helpers travel with it.
+    """
+    if func in memo:
+        return memo[func]
+    module = func.__module__
+    new_globals: dict[str, Any] = {"__builtins__": builtins, "__name__": "__main__"}
+    copy = types.FunctionType(
+        func.__code__, new_globals, func.__name__, func.__defaults__, func.__closure__
+    )
+    copy.__kwdefaults__ = func.__kwdefaults__
+    copy.__qualname__ = func.__qualname__
+    copy.__doc__ = func.__doc__
+    copy.__module__ = "__main__"
+    memo[func] = copy
+    for name in _code_names(func.__code__):
+        if name not in func.__globals__:
+            continue
+        value = func.__globals__[name]
+        inner = getattr(value, "func", value)  # a Task defined in the same module
+        if isinstance(inner, types.FunctionType) and inner.__module__ == module:
+            value = _detached(inner, memo)
+        new_globals[name] = value
+    return copy
+
+
+def function_spec(func, *, by_value: bool | None = None):
+    """Return what to pickle for `func`: a FunctionRef, or the function itself by value."""
+    if by_value is None:
+        by_value = travels_by_value(func)
+    if not by_value:
+        return FunctionRef(func.__module__, func.__qualname__)
+    module = getattr(func, "__module__", None) or "__main__"
+    if isinstance(func, types.FunctionType):
+        return ByValue(_detached(func, {}), module)
+    return ByValue(func, module)
+
+
+def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = None) -> bytes:
+    """Serialize a call, naming the offending argument if dill cannot handle one."""
+    spec = function_spec(func, by_value=by_value)
+    try:
+        return dill.dumps((spec, tuple(args), dict(kwargs)), recurse=True)
+    except Exception as exc:
+        culprit = _find_culprit(spec, args, kwargs)
+        raise SerializationError(
+            f"Task {task_path!r} cannot be submitted: {culprit} cannot be serialized by dill "
+            f"({type(exc).__name__}: {exc}); pass something dill can pickle instead, "
+            "such as a primary key or a file path."
+        ) from exc
+
+
+def _find_culprit(spec, args, kwargs) -> str:
+    for index, value in enumerate(args):
+        if not _picklable(value):
+            return f"positional argument {index} ({type(value).__qualname__})"
+    for key, value in kwargs.items():
+        if not _picklable(value):
+            return f"keyword argument {key!r} ({type(value).__qualname__})"
+    if not _picklable(spec):
+        return "the task function itself"
+    return "the call"
+
+
+def _picklable(value) -> bool:
+    try:
+        dill.dumps(value, recurse=True)
+    except Exception:
+        return False
+    return True
+
+
+def load_call(blob: bytes):
+    """Return (function, args, kwargs) from verified bytes."""
+    spec, args, kwargs = dill.loads(blob)
+    return spec.resolve(), args, kwargs
+
+
+def dump_value(value) -> bytes:
+    """Serialize a return value (raises SerializationError)."""
+    try:
+        return dill.dumps(value, recurse=True)
+    except Exception as exc:
+        raise SerializationError(
+            f"The return value ({type(value).__qualname__}) cannot be serialized by dill "
+            f"({type(exc).__name__}: {exc}); return something dill can pickle."
+        ) from exc
+
+
+def short_repr(args, kwargs, limit: int = 500) -> str:
+    """Render arguments for people (dashboard, logs), shortened; never raises."""
+    try:
+        parts = [_safe_repr(a) for a in args] + [f"{k}={_safe_repr(v)}" for k, v in kwargs.items()]
+        text = ", ".join(parts)
+    except Exception:  # a hostile __repr__ must not break a submission
+        text = "<unrepresentable>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _safe_repr(value) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__qualname__}>"
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+__all__ = ["dump_call", "load_call", "dump_value", "function_spec", "short_repr"]

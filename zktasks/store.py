@@ -1,0 +1,308 @@
+"""Read and write jobs, assignments and status records; every transition is one multi.
+
+Rule 1 of the contract: submit, assign, start, complete and reassign are each a single
+transaction, so a crash at any instant leaves a job in exactly one place. kazoo's
+`commit()` does not raise on a failed op: every result list is inspected here.
+After a connection loss a multi's outcome is unknown (rule 4); callers pass `landed` to
+tell, from a fresh read, whether it already took effect before it is tried again.
+"""
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from kazoo.exceptions import (
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    OperationTimeoutError,
+    RolledBackError,
+    SessionExpiredError,
+)
+
+from . import records
+from .conf import Options
+from .exceptions import PayloadTooLarge, ZooKeeperUnavailableError
+from .records import StatusRecord
+from .tree import Layout, job_node_name
+
+logger = logging.getLogger(__name__)
+
+TRANSIENT = (ConnectionLoss, OperationTimeoutError, SessionExpiredError)
+LANDED = object()
+
+
+def failures(results) -> list[tuple[int, Exception]]:
+    """Return (index, error) of the ops that failed in a multi, ignoring roll-backs."""
+    if results is LANDED:
+        return []
+    return [
+        (i, r) for i, r in enumerate(results)
+        if isinstance(r, Exception) and not isinstance(r, RolledBackError)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned:
+    record: StatusRecord
+    version: int
+
+
+class Store:
+    """The zktasks tree below one ROOT, seen through one client."""
+
+    def __init__(self, client, options: Options):
+        self.client = client
+        self.options = options
+        self.layout = Layout(options.root)
+        self._queues_made: set[str] = set()
+        self._skeleton_made = False
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def retry(self, func: Callable, *args, deadline: float | None = None, **kwargs):
+        """Call func, retrying transient errors until `deadline` seconds have passed."""
+        limit = time.monotonic() + (deadline if deadline is not None
+                                    else self.options.session_timeout)
+        delay = 0.02
+        while True:
+            try:
+                return func(*args, **kwargs)
+            except TRANSIENT as exc:
+                if time.monotonic() + delay > limit:
+                    raise ZooKeeperUnavailableError(
+                        f"ZooKeeper at {self.options.hosts!r} did not answer within "
+                        f"{self.options.session_timeout:g}s ({type(exc).__name__}); check "
+                        "that the ensemble is up and reachable."
+                    ) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    def commit(self, build: Callable, *, landed: Callable[[], bool] | None = None,
+               deadline: float | None = None):
+        """Commit the multi `build(txn)` fills; return its results, or LANDED.
+
+        On connection loss the outcome is unknown: once reconnected, `landed()` reads the
+        tree to tell whether the earlier attempt took effect, and only if not is the
+        multi sent again.
+        """
+        uncertain = False
+
+        def attempt():
+            nonlocal uncertain
+            if uncertain and landed is not None and landed():
+                return LANDED
+            txn = self.client.transaction()
+            build(txn)
+            uncertain = True
+            results = txn.commit()
+            uncertain = False
+            return results
+
+        return self.retry(attempt, deadline=deadline)
+
+    def ensure_skeleton(self) -> None:
+        if self._skeleton_made:
+            return
+        for path in self.layout.skeleton():
+            self.retry(self.client.ensure_path, path)
+        self._skeleton_made = True
+
+    def ensure_queue(self, queue: str) -> None:
+        if queue not in self._queues_made:
+            self.ensure_skeleton()
+            self.retry(self.client.ensure_path, self.layout.queue(queue))
+            self._queues_made.add(queue)
+
+    # -- submit --------------------------------------------------------------------
+
+    def submit(self, record: StatusRecord) -> None:
+        """Create the status record and the pending job in one multi (idempotent)."""
+        status_path = self.layout.status(record.id)
+        job_path = self.layout.job(record.queue, job_node_name(record.priority, record.id))
+        status_data = record.to_bytes()
+        job_data = records.dumps({
+            "id": record.id,
+            "task": record.task,
+            "enqueued_at": record.enqueued_at.isoformat() if record.enqueued_at else None,
+        })
+        self.check_size(record, len(status_data) + len(job_data))
+        self.ensure_queue(record.queue)
+
+        def build(txn):
+            txn.create(status_path, status_data)
+            txn.create(job_path, job_data)
+
+        def landed():
+            # The id is fresh and random: a status node with it can only be ours.
+            return self.client.exists(status_path) is not None
+
+        for _ in range(3):
+            results = self.commit(build, landed=landed)
+            failed = failures(results)
+            if not failed:
+                return
+            index, error = failed[0]
+            if index == 0 and isinstance(error, NodeExistsError):
+                return  # an earlier attempt, cut off by connection loss, landed
+            if index == 1 and isinstance(error, NoNodeError):
+                # The queue's parent vanished (an operator deleted it): make it again.
+                self._queues_made.discard(record.queue)
+                self.ensure_queue(record.queue)
+                continue
+            raise error
+        raise ZooKeeperUnavailableError(f"Could not create job {record.id!r}; try again.")
+
+    def check_size(self, record: StatusRecord, size: int) -> None:
+        limit = self.options.max_record_bytes
+        if size > limit:
+            raise PayloadTooLarge(
+                f"Task {record.task!r} cannot be submitted: its job is {size:,} bytes once "
+                f"encoded, over the {limit:,} bytes a znode may hold here (ZooKeeper's "
+                "jute.maxbuffer); pass a reference (a primary key, a file path) instead."
+            )
+
+    # -- reads ---------------------------------------------------------------------
+
+    def read_status(self, job_id: str, watch=None) -> Versioned | None:
+        path = self.layout.status(job_id)
+        try:
+            data, stat = self.retry(self.client.get, path, watch=watch)
+        except NoNodeError:
+            return None
+        return Versioned(StatusRecord.from_bytes(data, path=path), stat.version)
+
+    def children(self, path: str, watch=None) -> list[str]:
+        try:
+            return self.retry(self.client.get_children, path, watch=watch)
+        except NoNodeError:
+            return []
+
+    # -- worker transitions ----------------------------------------------------------
+
+    def start(self, worker_id: str, job_id: str, running: StatusRecord,
+              version: int) -> int | None:
+        """Record RUNNING if the assignment is still ours; return the new status version.
+
+        The check on our assignment znode fences the write: a job taken back (worker
+        presumed dead, job cancelled) is not started.
+        """
+        assignment = self.layout.assignment(worker_id, job_id)
+        status_path = self.layout.status(job_id)
+        data = running.to_bytes()
+
+        def build(txn):
+            txn.check(assignment, -1)
+            txn.set_data(status_path, data, version=version)
+
+        def landed():
+            return self._written(status_path, data)
+
+        results = self.commit(build, landed=landed)
+        if results is LANDED:
+            return version + 1
+        if failures(results):
+            logger.info("start refused job=%s worker=%s errors=%s", job_id, worker_id,
+                        failures(results))
+            return None
+        return results[1].version
+
+    def finish(self, worker_id: str, job_id: str, final: StatusRecord, version: int,
+               *, requeue_node: str | None = None) -> bool:
+        """Record the outcome and delete our assignment in one multi.
+
+        Fenced by the assignment znode (ours) and the status version (no newer attempt
+        wrote since we started). With `requeue_node`, also put the job back to pending.
+        Return False when the write was refused: the result is stale and dropped.
+        """
+        assignment = self.layout.assignment(worker_id, job_id)
+        status_path = self.layout.status(job_id)
+        data = final.to_bytes()
+
+        def build(txn):
+            txn.delete(assignment)
+            txn.set_data(status_path, data, version=version)
+            if requeue_node:
+                txn.create(self.layout.job(final.queue, requeue_node),
+                           records.dumps({"id": final.id, "task": final.task}))
+
+        def landed():
+            return self._written(status_path, data)
+
+        results = self.commit(build, landed=landed)
+        failed = failures(results)
+        if failed:
+            logger.warning("outcome dropped job=%s worker=%s reason=%s", job_id, worker_id,
+                           failed)
+            return False
+        return True
+
+    def drop_assignment(self, worker_id: str, job_id: str) -> None:
+        try:
+            self.retry(self.client.delete, self.layout.assignment(worker_id, job_id))
+        except NoNodeError:
+            pass
+
+    def _written(self, path: str, data: bytes) -> bool:
+        try:
+            current, _ = self.client.get(path)
+        except NoNodeError:
+            return False
+        return current == data
+
+    # -- leader transitions ----------------------------------------------------------
+
+    def assign(self, fence: str, items: Iterable[tuple[str, str, str]]) -> list:
+        """Move pending jobs to workers: items are (queue, job_node, worker_id).
+
+        One multi for the batch, fenced by the leader's own sequential election znode,
+        whose name can never come back once its session is gone.
+        """
+        items = list(items)
+        now = records.now().isoformat()
+
+        def build(txn):
+            txn.check(fence, -1)
+            for queue, node, worker_id in items:
+                job_id = node.split("-", 1)[1]
+                txn.create(
+                    self.layout.assignment(worker_id, job_id),
+                    records.dumps({"queue": queue, "node": node, "assigned_at": now}),
+                )
+                txn.delete(self.layout.job(queue, node))
+
+        return self._commit_raw(build)
+
+    def requeue(self, fence: str, worker_id: str, job_id: str, queue: str, node: str,
+                status: Versioned | None) -> list:
+        """Hand a dead worker's job back to pending, noting the lost attempt."""
+
+        def build(txn):
+            txn.check(fence, -1)
+            txn.create(self.layout.job(queue, node), records.dumps({"id": job_id}))
+            txn.delete(self.layout.assignment(worker_id, job_id))
+            if status is not None and status.record.state == records.RUNNING:
+                from .exceptions import WorkerLost
+
+                lost = WorkerLost(
+                    f"Worker {worker_id!r} vanished while running attempt "
+                    f"{status.record.attempts}; the job was handed back to be run again."
+                )
+                error = records.ErrorRecord(
+                    exception_class_path="zktasks.exceptions.WorkerLost",
+                    message=str(lost), traceback=str(lost) + "\n",
+                    attempt=status.record.attempts, worker_id=worker_id,
+                )
+                record = status.record.evolve(
+                    state=records.READY, errors=status.record.errors + (error,)
+                )
+                txn.set_data(self.layout.status(job_id), record.to_bytes(),
+                             version=status.version)
+
+        return self._commit_raw(build)
+
+    def _commit_raw(self, build):
+        txn = self.client.transaction()
+        build(txn)
+        return txn.commit()

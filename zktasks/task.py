@@ -1,0 +1,134 @@
+"""Define ZkTask (a django.tasks.Task), the @zk_task decorator, submit() and the result."""
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, task_backends
+from django.tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskResult
+
+from .exceptions import InvalidTaskError
+
+_UNSET = object()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ZkTask(Task):
+    """A django.tasks Task with zktasks' controls; works on any configured backend."""
+
+    # Keyword names follow Django's open proposals (new-features #142 and #144).
+    max_attempts: int = 1
+    timeout: float | None = None
+    by_value: bool | None = None  # None: decide from where the function lives
+
+    def __post_init__(self):
+        if (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or self.max_attempts < 1
+        ):
+            raise InvalidTaskError(
+                f"max_attempts is {self.max_attempts!r}; give a whole number of at least 1."
+            )
+        if self.timeout is not None and (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, int | float)
+            or not self.timeout > 0
+            or not math.isfinite(self.timeout)
+        ):
+            raise InvalidTaskError(
+                f"timeout is {self.timeout!r}; give a positive number of seconds or None."
+            )
+        Task.__post_init__(self)
+
+    def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
+              max_attempts=None, timeout=_UNSET):
+        """Return a copy with other defaults (Django's options plus zktasks' own)."""
+        changed = Task.using(
+            self, priority=priority, queue_name=queue_name, run_after=run_after,
+            backend=backend,
+        )
+        extra = {}
+        if max_attempts is not None:
+            extra["max_attempts"] = max_attempts
+        if timeout is not _UNSET:
+            extra["timeout"] = timeout
+        return replace(changed, **extra) if extra else changed
+
+    def submit(self, *args, **kwargs):
+        """Queue the task; same as enqueue() (Django's name)."""
+        return self.enqueue(*args, **kwargs)
+
+    async def asubmit(self, *args, **kwargs):
+        return await self.aenqueue(*args, **kwargs)
+
+
+def zk_task(function=None, *, priority=DEFAULT_TASK_PRIORITY,
+            queue_name=DEFAULT_TASK_QUEUE_NAME, backend=DEFAULT_TASK_BACKEND_ALIAS,
+            takes_context=False, **options):
+    """Make a function a task: bare `@zk_task`, or `@zk_task(queue_name=..., ...)`.
+
+    The task class is the backend's own when it is a ZkTask (ZooKeeperBackend), else
+    ZkTask itself, so decorated functions keep working on Django's Immediate and Dummy
+    backends in a user's unit tests.
+    """
+    if "run_after" in options:
+        raise TypeError(
+            "run_after cannot be set with @zk_task; use .using(run_after=...) per call."
+        )
+
+    def wrap(func):
+        task_class = getattr(task_backends[backend], "task_class", ZkTask)
+        if not (isinstance(task_class, type) and issubclass(task_class, ZkTask)):
+            task_class = ZkTask
+        return task_class(
+            func=func, priority=priority, queue_name=queue_name, backend=backend,
+            takes_context=takes_context, **options,
+        )
+
+    return wrap(function) if function is not None else wrap
+
+
+
+
+def submit(func, *args, **kwargs):
+    """Run any callable (a task, a function, a lambda) in the background on the default backend."""
+    if isinstance(func, Task):
+        return func.enqueue(*args, **kwargs)
+    if not callable(func):
+        raise InvalidTaskError(f"submit() needs a callable or a task, not {func!r}.")
+    return zk_task(func).enqueue(*args, **kwargs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ZkTaskResult(TaskResult):
+    """A django.tasks TaskResult that can also wait on ZooKeeper and cancel."""
+
+    queue_name: str = DEFAULT_TASK_QUEUE_NAME
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        # Django's results normalize args through JSON; ours travel with dill, so
+        # model instances, sets and Decimals stay what they were.
+        pass
+
+    def wait(self, timeout: float | None = None) -> "ZkTaskResult":
+        """Block until the job finishes (on a ZooKeeper watch); raise TimeoutError if not."""
+        fresh = self.task.get_backend().wait(self.id, timeout=timeout)
+        self._copy_from(fresh)
+        return self
+
+    def refresh(self):
+        self._copy_from(self.task.get_backend().get_result(self.id))
+
+    def cancel(self) -> bool:
+        """Stop the job from running; return True if it will not run."""
+        cancelled = self.task.get_backend().cancel(self.id)
+        self.refresh()
+        return cancelled
+
+    def _copy_from(self, other: TaskResult) -> None:
+        for name in ("status", "enqueued_at", "started_at", "finished_at", "last_attempted_at",
+                     "errors", "worker_ids", "_return_value", "extra"):
+            value: Any = getattr(other, name, None)
+            object.__setattr__(self, name, value)

@@ -1,0 +1,111 @@
+"""Name every znode zktasks uses; the one place paths are built. Pure: no I/O.
+
+The table below is the contract operators, the dashboard and other code read
+(DESIGN.md, "ZooKeeper tree"). Only this module joins path segments.
+"""
+
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+# (path pattern, kind, written by, data)
+LAYOUT = (
+    ("{root}/leader/{uuid}__lock__{seq}", "EPHEMERAL_SEQUENTIAL", "every worker",
+     "election contenders (kazoo Lock recipe); the lowest leads; data: worker id. "
+     "The leader's own node fences each of its multis."),
+    ("{root}/workers/{worker_id}", "EPHEMERAL", "the worker",
+     "JSON: host, pid, queues, concurrency, prefetch, started_at, draining"),
+    ("{root}/jobs/{queue}/{job_node}", "PERSISTENT", "submitters; the leader on reassign",
+     "one per job waiting to be assigned; name '{100-priority:03d}-{job_id}' sorts by "
+     "priority, then submission time; data: JSON id, task, enqueued_at"),
+    ("{root}/assignments/{worker_id}", "PERSISTENT", "the worker (with its worker node)",
+     "parent of the worker's assignments; the leader deletes it once the worker is gone"),
+    ("{root}/assignments/{worker_id}/{job_id}", "PERSISTENT", "the leader",
+     "one per job assigned to that worker; data: JSON queue, node, leader, assigned_at"),
+    ("{root}/status/{job_id}", "PERSISTENT", "submitters, workers, the leader",
+     "the job's state record: JSON (payload and result inside are HMAC-signed dill)"),
+)
+
+QUEUE_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}$")
+JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+_JOB_NODE_RE = re.compile(r"^(\d{3})-([0-9a-f]{32})$")
+
+
+def new_job_id() -> str:
+    """Return a fresh job id: 12 hex digits of milliseconds, then 20 random hex digits.
+
+    Time first, so ids sort by submission time (FIFO among equal priorities) across
+    processes whose clocks agree; the random part makes a retried create recognisable
+    as our own (the guid trick of ZooKeeper's recipes).
+    """
+    return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
+
+
+def is_job_id(value: str) -> bool:
+    return bool(JOB_ID_RE.match(value))
+
+
+def job_node_name(priority: int, job_id: str) -> str:
+    """Name a pending job so that a plain sort gives the order of assignment."""
+    return f"{100 - priority:03d}-{job_id}"
+
+
+def parse_job_node(name: str) -> tuple[int, str] | None:
+    """Return (priority, job_id) of a pending job's name, or None for a foreign name."""
+    match = _JOB_NODE_RE.match(name)
+    if not match:
+        return None
+    return 100 - int(match.group(1)), match.group(2)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Paths below one ROOT."""
+
+    root: str
+
+    @property
+    def leader(self) -> str:
+        return f"{self.root}/leader"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.root}/workers"
+
+    @property
+    def jobs(self) -> str:
+        return f"{self.root}/jobs"
+
+    @property
+    def assignments(self) -> str:
+        return f"{self.root}/assignments"
+
+    @property
+    def status_dir(self) -> str:
+        return f"{self.root}/status"
+
+    def election_node(self, node: str) -> str:
+        return f"{self.leader}/{node}"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.workers}/{worker_id}"
+
+    def queue(self, queue: str) -> str:
+        return f"{self.jobs}/{queue}"
+
+    def job(self, queue: str, node: str) -> str:
+        return f"{self.jobs}/{queue}/{node}"
+
+    def worker_assignments(self, worker_id: str) -> str:
+        return f"{self.assignments}/{worker_id}"
+
+    def assignment(self, worker_id: str, job_id: str) -> str:
+        return f"{self.assignments}/{worker_id}/{job_id}"
+
+    def status(self, job_id: str) -> str:
+        return f"{self.status_dir}/{job_id}"
+
+    def skeleton(self) -> tuple[str, ...]:
+        """The persistent parents every process may assume once created."""
+        return (self.leader, self.workers, self.jobs, self.assignments, self.status_dir)

@@ -1,0 +1,498 @@
+"""The worker: register, take assignments, run them, record outcomes; knows no argparse.
+
+One main thread reads the worker's own assignments when its watch fires (rule 7: a
+worker watches only its own parent) and queues them; `concurrency` runner threads each
+take one, record RUNNING (fenced by the assignment znode), hand it to the executor, then
+record the outcome and delete the assignment in one multi. Every worker also contends for
+leadership (leader.py) unless told not to.
+
+Connection states (rule 3): SUSPENDED starts nothing new; on reconnection with the same
+session work goes on; on LOST every ephemeral is gone, so the worker registers again
+under a new identity. Jobs still running under the old identity finish, but their
+outcome is written only if their old assignment still exists (never over a newer attempt).
+"""
+
+import heapq
+import json
+import logging
+import os
+import queue
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from django.tasks import task_backends
+from django.tasks.signals import task_finished, task_started
+from kazoo.exceptions import NodeExistsError
+from kazoo.protocol.states import EventType, KazooState
+
+from . import envelope, records, serialization
+from .client import new_client, start
+from .exceptions import CorruptRecord, PayloadTooLarge, PayloadVerificationError
+from .executor import Execution, Outcome, make_runner
+from .leader import Leader
+from .records import ErrorRecord, StatusRecord
+from .store import TRANSIENT, Store, Versioned, failures
+from .tree import job_node_name
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(order=True)
+class _Queued:
+    sort_key: tuple
+    job_id: str = field(compare=False)
+    found: Versioned = field(compare=False)
+    worker_id: str = field(compare=False)
+
+
+class Worker:
+    """Run jobs of one backend alias until stopped."""
+
+    def __init__(self, *, backend: str = "default", queues: list[str] | None = None,
+                 concurrency: int = 1, pool: str = "process", name: str | None = None,
+                 lead: bool = True, prefetch: int | None = None,
+                 drain_timeout: float = 30.0):
+        self.backend = task_backends[backend]
+        from .backend import ZooKeeperBackend
+
+        if not isinstance(self.backend, ZooKeeperBackend):
+            raise ValueError(
+                f"Backend {backend!r} is {type(self.backend).__name__}, not a "
+                "ZooKeeperBackend; runworker only serves zktasks backends."
+            )
+        self.options = self.backend.conf
+        self.queues = sorted(set(queues or []))
+        self.concurrency = max(1, int(concurrency))
+        self.prefetch = self.concurrency if prefetch is None else max(0, int(prefetch))
+        self.pool_name = pool
+        self.base_name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.lead = lead
+        self.drain_timeout = drain_timeout
+        self.worker_id: str | None = None
+        self.client = None
+        self.store: Store | None = None
+        self.leader: Leader | None = None
+        self.runner = make_runner(pool, self.concurrency)
+
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._ready: list[_Queued] = []
+        self._known: set[str] = set()       # assigned to the current identity, not finished
+        self._running: dict[str, str] = {}  # job_id -> worker_id it runs under
+        self._paused = False
+        self._draining = False
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._session: int | None = None
+        self._lost = False
+        self.registered = threading.Event()
+        self.completed = 0
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until stop() is called; return after a clean exit."""
+        self.client = start(new_client(self.options), self.options)
+        self.store = Store(self.client, self.options)
+        self.store.ensure_skeleton()
+        for q in self.queues or ["default"]:
+            self.store.ensure_queue(q)
+        self.runner.start()
+        self.client.add_listener(self._on_state)
+        self._register()
+        threads = [threading.Thread(target=self._runner_loop, name=f"zktasks-run-{i}",
+                                    daemon=True) for i in range(self.concurrency)]
+        for t in threads:
+            t.start()
+        leader_stop = threading.Event()
+        leader_thread = None
+        if self.lead:
+            leader_thread = threading.Thread(target=self._lead, args=(leader_stop,),
+                                             name="zktasks-leader", daemon=True)
+            leader_thread.start()
+        try:
+            self._main_loop()
+        finally:
+            if self.leader is not None:
+                self.leader.cancel()
+            leader_stop.set()
+            if leader_thread is not None:
+                leader_thread.join(5)
+            with self._cond:
+                self._cond.notify_all()
+            for t in threads:
+                t.join(max(1.0, self.drain_timeout))
+            self._deregister()
+            self.runner.stop(force=True)
+            self.client.remove_listener(self._on_state)
+            self.client.stop()
+            self.client.close()
+            self._stopped.set()
+            logger.info("worker stopped worker=%s completed=%d", self.worker_id, self.completed)
+
+    def stop(self, *, graceful: bool = True) -> None:
+        """Ask the worker to leave: drain first when graceful, else at once."""
+        if graceful and not self._draining:
+            self._events.put(("drain", None))
+        else:
+            self._events.put(("stop", None))
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    # -- registration ------------------------------------------------------------------
+
+    def _register(self) -> None:
+        """Create our assignments parent and ephemeral worker znode in one multi."""
+        self.worker_id = f"{self.base_name}-{secrets.token_hex(3)}"
+        layout = self.store.layout
+        info = records.dumps({
+            "host": socket.gethostname(), "pid": os.getpid(), "queues": self.queues,
+            "concurrency": self.concurrency, "prefetch": self.prefetch,
+            "pool": self.pool_name, "started_at": records.now().isoformat(),
+            "draining": self._draining,
+        })
+        worker_id = self.worker_id
+
+        def build(txn):
+            txn.create(layout.worker_assignments(worker_id), b"")
+            txn.create(layout.worker(worker_id), info, ephemeral=True)
+
+        results = self.store.commit(
+            build, landed=lambda: self.client.exists(layout.worker(worker_id)) is not None,
+            deadline=self.options.connect_timeout,
+        )
+        failed = failures(results)
+        if failed and not isinstance(failed[0][1], NodeExistsError):
+            raise failed[0][1]
+        self._session = self.client.client_id[0]
+        if self.leader is not None:
+            self.leader.identity = worker_id  # contend under the new identity next time
+        self._lost = False
+        self._paused = False
+        self._events.put(("assignments", None))
+        self.registered.set()
+        logger.info("worker registered worker=%s queues=%s concurrency=%d pool=%s",
+                    worker_id, ",".join(self.queues) or "*", self.concurrency, self.pool_name)
+
+    def _deregister(self) -> None:
+        if self.worker_id is None or self._lost:
+            return
+        layout = self.store.layout
+        worker_id = self.worker_id
+
+        def build(txn):
+            txn.delete(layout.worker(worker_id))
+            txn.delete(layout.worker_assignments(worker_id))
+
+        try:
+            results = self.store.commit(build, deadline=2.0)
+            if failures(results):
+                # Assignments are left (a forced stop): our session's end makes the
+                # leader hand them back.
+                logger.info("worker left with assignments worker=%s", worker_id)
+        except Exception:
+            logger.debug("deregistration failed", exc_info=True)
+
+    # -- leader ------------------------------------------------------------------------
+
+    def _lead(self, stop: threading.Event) -> None:
+        while not stop.is_set() and not self._stopping.is_set():
+            self.registered.wait()
+            self.leader = Leader(self.store, self.worker_id, stop=stop)
+            self.leader.run()
+
+    # -- events (kazoo's thread: never block, never call ZooKeeper) --------------------
+
+    def _on_state(self, state) -> None:
+        self._events.put(("state", state))
+        if self.leader is not None:
+            self.leader.on_state(state)
+
+    def _on_assignments(self, event) -> None:
+        self._events.put(("assignments", event.type == EventType.NONE))
+
+    # -- main loop ---------------------------------------------------------------------
+
+    def _main_loop(self) -> None:
+        drain_deadline = None
+        while True:
+            timeout = 1.0 if drain_deadline is None else 0.2
+            try:
+                kind, value = self._events.get(timeout=timeout)
+            except queue.Empty:
+                kind, value = None, None
+            if kind == "stop":
+                logger.warning("worker stopping now worker=%s running=%d", self.worker_id,
+                               len(self._running))
+                self._stopping.set()
+                self.runner.stop(force=True)
+                return
+            if kind == "drain":
+                if self._draining:
+                    continue
+                drain_deadline = time.monotonic() + self.drain_timeout
+                self._begin_drain()
+            elif kind == "state":
+                self._handle_state(value)
+            elif kind == "assignments" and not self._lost and not self._paused:
+                self._read_assignments()
+            elif kind == "finished":
+                pass
+            if drain_deadline is not None:
+                if not self._running:
+                    self._stopping.set()
+                    return
+                if time.monotonic() > drain_deadline:
+                    logger.warning("drain timed out worker=%s running=%d", self.worker_id,
+                                   len(self._running))
+                    self._stopping.set()
+                    self.runner.stop(force=True)
+                    return
+
+    def _handle_state(self, state) -> None:
+        if state == KazooState.SUSPENDED:
+            self._paused = True
+            logger.warning("ZooKeeper connection suspended worker=%s: starting nothing new",
+                           self.worker_id)
+        elif state == KazooState.LOST:
+            self._lost = True
+            self._paused = True
+            with self._cond:
+                self._ready.clear()
+                self._known.clear()
+            logger.error("ZooKeeper session expired worker=%s: its jobs will be handed "
+                         "back; registering again", self.worker_id)
+        elif state == KazooState.CONNECTED:
+            if self._lost or self.client.client_id[0] != self._session:
+                self._lost = True
+                try:
+                    self._register()
+                except TRANSIENT:
+                    self._events.put(("state", KazooState.CONNECTED))
+            else:
+                self._paused = False
+                logger.info("ZooKeeper connection resumed worker=%s", self.worker_id)
+                self._events.put(("assignments", None))
+            with self._cond:
+                self._cond.notify_all()
+
+    def _read_assignments(self) -> None:
+        layout = self.store.layout
+        worker_id = self.worker_id
+        try:
+            current = set(self.store.children(layout.worker_assignments(worker_id),
+                                              watch=self._on_assignments))
+        except TRANSIENT:
+            return  # the state handler re-reads after reconnecting
+        with self._cond:
+            taken_back = self._known - current - set(self._running)
+            if taken_back:
+                self._ready = [q for q in self._ready if q.job_id not in taken_back]
+                heapq.heapify(self._ready)
+                self._known -= taken_back
+            new = current - self._known
+        for job_id in sorted(new):
+            try:
+                found = self.store.read_status(job_id)
+            except CorruptRecord as exc:
+                self._fail_corrupt(worker_id, job_id, exc)
+                continue
+            except TRANSIENT:
+                return
+            if found is None:
+                logger.error("assignment without status job=%s worker=%s; removing it",
+                             job_id, worker_id)
+                self.store.drop_assignment(worker_id, job_id)
+                continue
+            record = found.record
+            with self._cond:
+                self._known.add(job_id)
+                heapq.heappush(self._ready, _Queued((-record.priority, job_id), job_id,
+                                                    found, worker_id))
+                self._cond.notify()
+
+    def _begin_drain(self) -> None:
+        """Stop taking work, tell the leader, hand back what has not started."""
+        self._draining = True
+        logger.info("worker draining worker=%s running=%d", self.worker_id, len(self._running))
+        layout = self.store.layout
+        try:
+            raw, stat = self.client.get(layout.worker(self.worker_id))
+            data = json.loads(raw)
+            data["draining"] = True
+            self.client.set(layout.worker(self.worker_id), records.dumps(data),
+                            version=stat.version)
+        except Exception:
+            logger.debug("could not mark draining", exc_info=True)
+        if self.leader is not None:
+            self.leader.cancel()
+        with self._cond:
+            handed, self._ready = self._ready, []
+            self._cond.notify_all()
+        for item in handed:
+            self._hand_back(item)
+
+    def _hand_back(self, item: _Queued) -> None:
+        record = item.found.record
+        layout = self.store.layout
+
+        def build(txn):
+            txn.create(layout.job(record.queue, job_node_name(record.priority, item.job_id)),
+                       records.dumps({"id": item.job_id, "task": record.task}))
+            txn.delete(layout.assignment(item.worker_id, item.job_id))
+
+        try:
+            results = self.store.commit(build, deadline=2.0)
+            if failures(results):
+                logger.info("hand back refused job=%s: %s", item.job_id, failures(results))
+            else:
+                logger.info("job handed back job=%s (worker draining)", item.job_id)
+        except Exception:
+            logger.warning("hand back failed job=%s; the leader will reassign it when this "
+                           "worker leaves", item.job_id, exc_info=True)
+        with self._cond:
+            self._known.discard(item.job_id)
+
+    # -- running -----------------------------------------------------------------------
+
+    def _runner_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping.is_set() and (
+                    not self._ready or self._paused or self._draining
+                ):
+                    if self._draining and not self._ready:
+                        break
+                    self._cond.wait(1.0)
+                if self._stopping.is_set() or self._draining:
+                    return
+                item = heapq.heappop(self._ready)
+                self._running[item.job_id] = item.worker_id
+            try:
+                self._process(item)
+            except Exception:
+                logger.exception("unexpected error running job=%s; it stays assigned and "
+                                 "will be handed back when this worker leaves", item.job_id)
+            finally:
+                with self._cond:
+                    self._running.pop(item.job_id, None)
+                    self._known.discard(item.job_id)
+                self._events.put(("finished", item.job_id))
+
+    def _process(self, item: _Queued) -> None:
+        job_id, worker_id = item.job_id, item.worker_id
+        record, version = item.found.record, item.found.version
+        key = self.options.signing_key
+        if record.is_finished:
+            self.store.drop_assignment(worker_id, job_id)  # cancelled or already done
+            return
+        try:
+            blob = envelope.open_envelope(record.payload, job_id=job_id,
+                                          kind=envelope.PAYLOAD, key=key)
+        except PayloadVerificationError as exc:
+            logger.error("payload refused job=%s: %s", job_id, exc)
+            self._finish(item, record, version, Outcome(
+                ok=False, error=ErrorRecord.from_exception(exc, worker_id=worker_id)))
+            return
+        now = records.now()
+        running = record.evolve(
+            state=records.RUNNING, attempts=record.attempts + 1,
+            worker_ids=record.worker_ids + (worker_id,),
+            started_at=record.started_at or now, last_attempted_at=now,
+        )
+        new_version = self.store.start(worker_id, job_id, running, version)
+        if new_version is None:
+            return  # taken back (cancelled, or we were presumed dead): not ours to run
+        logger.info("job started job=%s task=%s attempt=%d worker=%s", job_id, record.task,
+                    running.attempts, worker_id)
+        self._send(task_started, running, blob)
+        outcome = self.runner.run(Execution(
+            job_id=job_id, blob=blob, record_json=running.to_bytes(), timeout=record.timeout,
+        ))
+        self._finish(item, running, new_version, outcome, blob=blob)
+
+    def _finish(self, item: _Queued, running: StatusRecord, version: int, outcome: Outcome,
+                *, blob: bytes | None = None) -> None:
+        worker_id, job_id = item.worker_id, item.job_id
+        final, requeue = self._final_record(running, outcome, worker_id)
+        recorded = self.store.finish(
+            worker_id, job_id, final, version,
+            requeue_node=job_node_name(final.priority, job_id) if requeue else None,
+        )
+        if not recorded:
+            return
+        self.completed += 1
+        if requeue:
+            logger.warning("job failed, will retry job=%s attempt=%d/%d error=%s", job_id,
+                           final.attempts, final.max_attempts,
+                           final.errors[-1].exception_class_path)
+            return
+        if final.state == records.SUCCESSFUL:
+            logger.info("job succeeded job=%s task=%s worker=%s", job_id, final.task, worker_id)
+        else:
+            error = final.errors[-1] if final.errors else None
+            logger.error("job failed job=%s task=%s worker=%s error=%s: %s", job_id,
+                         final.task, worker_id, error and error.exception_class_path,
+                         error and error.message)
+        if blob is not None:
+            self._send(task_finished, final, blob)
+
+    def _final_record(self, running: StatusRecord, outcome: Outcome, worker_id: str):
+        """Return (record to write, whether the job goes back to pending for a retry)."""
+        now = records.now()
+        key = self.options.signing_key
+        if outcome.ok:
+            final = running.evolve(
+                state=records.SUCCESSFUL, finished_at=now,
+                result=envelope.seal(outcome.value_blob, job_id=running.id,
+                                     kind=envelope.RESULT, key=key),
+            )
+            size = len(final.to_bytes())
+            if size <= self.options.max_record_bytes:
+                return final, False
+            outcome = Outcome(ok=False, error=ErrorRecord.from_exception(PayloadTooLarge(
+                f"The return value of job {running.id!r} makes its record {size:,} bytes, over "
+                f"the {self.options.max_record_bytes:,} a znode may hold here; return a "
+                "reference (a primary key, a file path) instead."
+            )))
+        error = outcome.error
+        error = ErrorRecord(
+            exception_class_path=error.exception_class_path, message=error.message,
+            traceback=error.traceback, attempt=running.attempts, worker_id=worker_id,
+        )
+        retry = (
+            running.attempts < running.max_attempts
+            and error.exception_class_path != "zktasks.exceptions.PayloadVerificationError"
+        )
+        if retry:
+            return running.evolve(state=records.READY, errors=running.errors + (error,)), True
+        return running.evolve(state=records.FAILED, finished_at=now,
+                              errors=running.errors + (error,)), False
+
+    def _fail_corrupt(self, worker_id: str, job_id: str, exc: Exception) -> None:
+        logger.error("corrupt status record job=%s: %s; failing the job", job_id, exc)
+        record = StatusRecord(
+            id=job_id, task="(unknown)", backend=self.backend.alias, queue="(unknown)",
+            priority=0, state=records.FAILED, finished_at=records.now(),
+            errors=(ErrorRecord.from_exception(exc, worker_id=worker_id),),
+        )
+        self.store.finish(worker_id, job_id, record, -1)
+
+    def _send(self, signal, record: StatusRecord, blob: bytes) -> None:
+        """Send a django.tasks signal after the state it reports was recorded."""
+        try:
+            func, args, kwargs = serialization.load_call(blob)
+            task = self.backend._task_for(record, func)
+            result = self.backend.build_result(record, task=task, args=list(args),
+                                               kwargs=dict(kwargs))
+            signal.send(type(self.backend), task_result=result)
+        except Exception:
+            # A receiver's error must not change a recorded outcome.
+            logger.exception("signal receiver failed job=%s", record.id)
+
+
+__all__ = ["Worker"]
