@@ -128,6 +128,7 @@ class ZooKeeperInstall:
 
 _found: dict[tuple[str | None, ...], ZooKeeperInstall] = {}
 _find_lock = threading.Lock()
+_apt_attempted = False
 
 
 def find_zookeeper() -> ZooKeeperInstall:
@@ -141,14 +142,17 @@ def find_zookeeper() -> ZooKeeperInstall:
         os.environ.get(ENV_CLASSPATH),
         os.environ.get("ZOOKEEPER_HOME"),
     )
+    global _apt_attempted
     with _find_lock:
         if overrides in _found:
             return _found[overrides]
         try:
             install = _locate()
         except ZooKeeperUnavailable as exc:
-            if any(overrides) or not _may_apt_install():
+            # One attempt per process: every server start would otherwise rerun apt.
+            if any(overrides) or _apt_attempted or not _may_apt_install():
                 raise
+            _apt_attempted = True
             _apt_install(exc.reason)
             install = _locate()
         log.debug("using ZooKeeper from %s with %s", install.origin, install.java)
@@ -1098,14 +1102,31 @@ except ImportError:  # the module also runs `make demo`, where pytest may be abs
     pass
 else:
 
+    def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+        """Keep this module from being registered twice under two names.
+
+        With the package installed, the "zktasks" pytest11 entry point loads this
+        module, and `-p zktasks.testing` loads it again; pluggy refuses the second
+        registration and pytest dies with "Plugin already registered under a
+        different name". Blocking the other name makes the second load a no-op.
+        """
+        registered_as = pluginmanager.get_name(sys.modules[__name__])
+        for alias in ("zktasks", "zktasks.testing"):
+            if alias != registered_as and not pluginmanager.has_plugin(alias):
+                pluginmanager.set_blocked(alias)
+
     @pytest.fixture(scope="session")
     def zookeeper() -> Iterator[ZooKeeperServer | DockerZooKeeper]:
         """A real ZooKeeper server shared by the whole test session."""
         try:
             server = start_zookeeper()
         except ZooKeeperUnavailable as exc:
+            unavailable = str(exc)
+        else:
+            unavailable = None
+        if unavailable is not None:
             # Fail loudly: a skipped suite would hide that nothing was tested.
-            pytest.fail(str(exc), pytrace=False)
+            pytest.fail(unavailable, pytrace=False)
         try:
             yield server
         finally:
@@ -1116,18 +1137,31 @@ else:
         """The connection string of the session's server."""
         return zookeeper.hosts
 
+    def _revive(server: ZooKeeperServer | DockerZooKeeper) -> None:
+        # A test that crashed or froze the shared server must not fail every
+        # test after it.
+        if isinstance(server, ZooKeeperServer):
+            if server.is_paused:
+                log.warning("resuming the session's ZooKeeper %s, left paused", server.hosts)
+                server.resume()
+            elif not server.is_running:
+                log.warning("restarting the session's ZooKeeper %s, left down", server.hosts)
+                server.start()
+
     @pytest.fixture
-    def zk_root(zk_hosts: str) -> Iterator[str]:
+    def zk_root(zookeeper: ZooKeeperServer | DockerZooKeeper, zk_hosts: str) -> Iterator[str]:
         """A unique, not yet created root path for this test; removed afterwards."""
+        _revive(zookeeper)
         root = f"/zktasks-test-{secrets.token_hex(8)}"
         yield root
         _delete_tree(zk_hosts, root)
 
     @pytest.fixture
-    def zk_client(zk_hosts: str) -> Iterator[Any]:
+    def zk_client(zookeeper: ZooKeeperServer | DockerZooKeeper, zk_hosts: str) -> Iterator[Any]:
         """A connected kazoo KazooClient, closed after the test."""
         from kazoo.client import KazooClient
 
+        _revive(zookeeper)
         client = KazooClient(hosts=zk_hosts)
         client.start(timeout=15.0)
         try:
@@ -1139,11 +1173,18 @@ else:
     @pytest.fixture
     def zk_ensemble() -> Iterator[ZooKeeperEnsemble]:
         """A started three-member ensemble of its own, for tests that break it."""
+        ensemble = ZooKeeperEnsemble(3)
+        unavailable = None
         try:
-            ensemble = ZooKeeperEnsemble(3)
             ensemble.start()
         except ZooKeeperUnavailable as exc:
-            pytest.fail(str(exc), pytrace=False)
+            unavailable = str(exc)
+        except BaseException:
+            ensemble.close()
+            raise
+        if unavailable is not None:
+            ensemble.close()
+            pytest.fail(unavailable, pytrace=False)
         try:
             yield ensemble
         finally:

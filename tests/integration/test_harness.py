@@ -191,6 +191,17 @@ def test_plugin_removes_earlier_roots(zk_client: KazooClient, zk_root: str) -> N
     assert leftovers == []
 
 
+def test_plugin_revives_crashed_session_server(
+    zookeeper: ZooKeeperServer, request: pytest.FixtureRequest
+) -> None:
+    if not isinstance(zookeeper, ZooKeeperServer):
+        pytest.skip("only the local server can be revived")
+    zookeeper.kill()
+    client = request.getfixturevalue("zk_client")
+    assert client.connected
+    assert zookeeper.mode() == "standalone"
+
+
 def test_zk_ensemble_fixture(zk_ensemble: ZooKeeperEnsemble) -> None:
     assert len(zk_ensemble.servers) == 3
     assert zk_ensemble.leader() in zk_ensemble.servers

@@ -1,0 +1,1 @@
+"""Benchmarks of zktasks: `python bench/run.py` (see bench/README.md)."""

@@ -1,0 +1,97 @@
+"""Real `manage.py runworker` processes, real signals, a real ZooKeeper."""
+
+import signal
+
+import pytest
+from django.tasks import TaskResultStatus
+
+from tests import tasks
+from tests.waiting import wait_for_children, wait_for_data
+
+pytestmark = pytest.mark.e2e
+
+
+def wait_registered(zk_client, backend, count, timeout=60):
+    return wait_for_children(zk_client, backend.store.layout.workers,
+                             lambda c: len(c) >= count, timeout)
+
+
+def worker_proc(procs, worker_id):
+    return next(p for name, p in procs.items() if worker_id.startswith(name + "-"))
+
+
+def test_job_of_a_sigkilled_worker_completes_elsewhere(backend, runworker, zk_client, tmp_path):
+    procs = {name: runworker("--concurrency", "1", name=name) for name in ("alpha", "beta")}
+    wait_registered(zk_client, backend, 2)
+    release = tmp_path / "release"
+    job = tasks.wait_for_file.submit(str(release), "done")
+    record = wait_for_data(zk_client, backend.store.layout.status(job.id),
+                           lambda d: d["state"] == "RUNNING")
+    victim_id = record["worker_ids"][-1]
+    victim = worker_proc(procs, victim_id)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    # Its session times out; the leader (the other worker, or a new one) hands the job
+    # back and the survivor runs it again.
+    wait_for_data(zk_client, backend.store.layout.status(job.id),
+                  lambda d: d["state"] == "RUNNING" and d["worker_ids"][-1] != victim_id)
+    release.touch()
+    result = job.wait(timeout=60)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == "done"
+    assert result.worker_ids[0] == victim_id and len(result.worker_ids) == 2
+    assert result.errors[0].exception_class_path == "zktasks.exceptions.WorkerLost"
+
+
+def test_sigkilled_leader_is_replaced(backend, runworker, zk_client):
+    procs = {name: runworker("--concurrency", "1", name=name) for name in ("one", "two")}
+    wait_registered(zk_client, backend, 2)
+    assert tasks.add.submit(1, 2).wait(timeout=60).return_value == 3
+    layout = backend.store.layout
+    contenders = sorted(zk_client.get_children(layout.leader), key=lambda n: n[-10:])
+    leader_id = zk_client.get(f"{layout.leader}/{contenders[0]}")[0].decode()
+    worker_proc(procs, leader_id).send_signal(signal.SIGKILL)
+    # The new leader is the other worker: a job submitted now completes there.
+    result = tasks.add.submit(3, 4).wait(timeout=60)
+    assert result.return_value == 7
+    assert not result.worker_ids[0].startswith(leader_id.rsplit("-", 1)[0])
+
+
+def test_sigterm_drains_running_job_then_exits_cleanly(backend, runworker, zk_client, tmp_path):
+    proc = runworker("--concurrency", "1", name="drainer")
+    wait_registered(zk_client, backend, 1)
+    release = tmp_path / "release"
+    job = tasks.wait_for_file.submit(str(release), "finished")
+    wait_for_data(zk_client, backend.store.layout.status(job.id),
+                  lambda d: d["state"] == "RUNNING")
+    proc.send_signal(signal.SIGTERM)
+    [worker_id] = zk_client.get_children(backend.store.layout.workers)
+    wait_for_data(zk_client, backend.store.layout.worker(worker_id), lambda d: d["draining"])
+    release.touch()
+    assert job.wait(timeout=60).return_value == "finished"
+    assert proc.wait(30) == 0
+    assert zk_client.get_children(backend.store.layout.workers) == []
+    assert zk_client.get_children(backend.store.layout.assignments) == []
+    log = proc.log_path.read_text()
+    assert "draining" in log and "worker stopped" in log
+
+
+def test_process_pool_contains_crashes_and_timeouts(backend, runworker, zk_client):
+    runworker("--concurrency", "1", "--pool", "process", name="pool")
+    wait_registered(zk_client, backend, 1)
+    crashed = tasks.exit_hard.submit(3)
+    hung = tasks.hang.submit()
+    fine = tasks.add.submit(2, 2)
+    crashed.wait(timeout=60)
+    assert crashed.status == TaskResultStatus.FAILED
+    assert crashed.errors[-1].exception_class_path == "zktasks.exceptions.TaskProcessDied"
+    assert "exit code 3" in crashed.errors[-1].traceback
+    hung.wait(timeout=60)
+    assert hung.errors[-1].exception_class_path == "zktasks.exceptions.TaskTimeout"
+    assert fine.wait(timeout=60).return_value == 4  # the worker went on
+
+
+def test_runworker_rejects_bad_options(runworker, zk_settings):
+    proc = runworker("--concurrency", "0")
+    assert proc.wait(30) != 0
+    assert "must be at least 1" in proc.log_path.read_text()

@@ -1,0 +1,122 @@
+"""Bad input is refused at submit with a clear error, and nothing is written."""
+
+import pytest
+from django.tasks import TaskResultStatus, task_backends
+
+from tests import tasks
+from tests.conftest import zk_tasks_setting
+from zktasks import (
+    InvalidTaskError,
+    JobNotFound,
+    PayloadTooLarge,
+    SerializationError,
+    zk_task,
+)
+
+
+def tree_is_empty(backend, zk_client):
+    layout = backend.conf and backend.store.layout
+
+    def children(path):
+        return zk_client.get_children(path) if zk_client.exists(path) else []
+
+    jobs = [c for q in children(layout.jobs) for c in children(layout.queue(q))]
+    return jobs == [] and children(layout.status_dir) == []
+
+
+def test_unserializable_argument_is_named(backend, zk_client):
+    with pytest.raises(SerializationError) as caught:
+        tasks.add.submit(1, b=(i for i in range(3)))
+    message = str(caught.value)
+    assert "keyword argument 'b'" in message and "generator" in message
+    assert "tests.tasks.add" in message
+    assert tree_is_empty(backend, zk_client)
+
+
+def test_unserializable_positional_argument_is_named(backend, zk_client):
+    import socket
+
+    with socket.socket() as sock, pytest.raises(SerializationError, match="positional argument 1"):
+        tasks.add.submit(1, sock)
+
+
+def test_payload_over_the_znode_limit_says_size_and_limit(backend, zk_client):
+    with pytest.raises(PayloadTooLarge) as caught:
+        tasks.add.submit(b"x" * 2_000_000, b"")
+    message = str(caught.value)
+    assert "1,000,000" in message and "bytes" in message and "reference" in message
+    assert tree_is_empty(backend, zk_client)
+
+
+def test_unknown_queue_is_refused(settings, zk_hosts, zk_root, zk_client):
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, queues=["default", "emails"])
+    with pytest.raises(InvalidTaskError, match=r"Queue 'nope' is not one of the queues"):
+        tasks.add.using(queue_name="nope").submit(1, 2)
+    with pytest.raises(InvalidTaskError, match="Queue name 'bad/name' is invalid"):
+        tasks.add.using(queue_name="bad/name")
+
+
+@pytest.mark.parametrize("priority", [101, -101, 1.5, "high"])
+def test_invalid_priority_is_refused(backend, priority):
+    with pytest.raises(InvalidTaskError, match="Priority"):
+        tasks.add.using(priority=priority)
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"max_attempts": 0}, "max_attempts"),
+    ({"timeout": -1}, "timeout"),
+])
+def test_invalid_task_options_are_refused(backend, options, match):
+    with pytest.raises(InvalidTaskError, match=match):
+        zk_task(**options)(lambda: None)
+
+
+def test_unknown_job_id_raises_django_error(backend):
+    from django.tasks.exceptions import TaskResultDoesNotExist
+
+    with pytest.raises(TaskResultDoesNotExist):
+        backend.get_result("0" * 32)
+    with pytest.raises(JobNotFound):
+        tasks.add.get_result("not-an-id")
+
+
+def test_zookeeper_down_gives_clear_error(settings, zk_root):
+    from zktasks import ZooKeeperUnavailableError
+    from zktasks.testing import free_port
+
+    settings.TASKS = zk_tasks_setting(f"127.0.0.1:{free_port()}", zk_root, CONNECT_TIMEOUT=1.0)
+    with pytest.raises(ZooKeeperUnavailableError, match="Could not connect to ZooKeeper"):
+        tasks.add.submit(1, 2)
+
+
+def test_pending_job_can_be_cancelled_and_never_runs(backend, start_worker, zk_client):
+    job = tasks.add.submit(1, 2)
+    assert job.cancel() is True
+    assert job.status == TaskResultStatus.FAILED
+    assert job.errors[0].exception_class_path == "zktasks.exceptions.JobCancelled"
+    start_worker()
+    after = tasks.add.submit(3, 4).wait(timeout=30)  # the worker is live and serving
+    assert after.return_value == 7
+    job.refresh()
+    assert job.worker_ids == [] and job.status == TaskResultStatus.FAILED
+
+
+def test_wait_times_out_with_a_clear_error(backend):
+    job = tasks.add.submit(1, 2)
+    with pytest.raises(TimeoutError, match="did not finish within 0.2s"):
+        job.wait(timeout=0.2)
+
+
+def test_immediate_backend_keeps_zk_tasks_working(settings):
+    settings.TASKS = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+    result = tasks.add.submit(2, 3)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert task_backends["default"].__class__.__name__ == "ImmediateBackend"
+
+
+def test_dummy_backend_records_submissions(settings):
+    settings.TASKS = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    result = tasks.add.submit(2, 3)
+    assert result.status == TaskResultStatus.READY
+    assert task_backends["default"].results[0].id == result.id

@@ -1,0 +1,189 @@
+"""Security and failure handling with in-process workers on a real ZooKeeper."""
+
+import json
+
+from django.tasks import TaskResultStatus
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from kazoo.client import KazooClient
+
+from tests import tasks
+from tests.waiting import wait_for_children, wait_until
+from zktasks.records import StatusRecord
+from zktasks.store import Store, failures
+
+
+def _tamper(zk_client, path, change):
+    raw, stat = zk_client.get(path)
+    data = json.loads(raw)
+    change(data)
+    zk_client.set(path, json.dumps(data).encode(), version=stat.version)
+
+
+def test_tampered_payload_fails_and_never_runs(backend, start_worker, zk_client, tmp_path):
+    job = tasks.sleep_then_return.submit(str(tmp_path), 0, "ran")
+    path = backend.store.layout.status(job.id)
+    _tamper(zk_client, path, lambda d: d["payload"].update(mac="0" * 64))
+    start_worker()
+    job.wait(timeout=30)
+    assert job.status == TaskResultStatus.FAILED
+    assert job.errors[-1].exception_class_path == (
+        "zktasks.exceptions.PayloadVerificationError")
+    assert "signature check" in job.errors[-1].traceback
+    assert list(tmp_path.iterdir()) == []  # the task never ran
+
+
+def test_unsigned_payload_fails_and_never_runs(backend, start_worker, zk_client, tmp_path):
+    job = tasks.sleep_then_return.submit(str(tmp_path), 0, "ran")
+    _tamper(zk_client, backend.store.layout.status(job.id), lambda d: d["payload"].pop("mac"))
+    start_worker()
+    job.wait(timeout=30)
+    assert "not signed" in job.errors[-1].traceback
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_payload_copied_from_another_job_is_refused(backend, start_worker, zk_client, tmp_path):
+    victim = tasks.add.submit(1, 1)
+    donor = tasks.sleep_then_return.submit(str(tmp_path), 0, "ran")
+    layout = backend.store.layout
+    donor_payload = json.loads(zk_client.get(layout.status(donor.id))[0])["payload"]
+    _tamper(zk_client, layout.status(victim.id), lambda d: d.update(payload=donor_payload))
+    backend.cancel(donor.id)
+    start_worker()
+    victim.wait(timeout=30)
+    assert victim.status == TaskResultStatus.FAILED
+    assert victim.errors[-1].exception_class_path.endswith("PayloadVerificationError")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_payload_signed_with_another_key_is_refused(settings, zk_hosts, zk_root, start_worker):
+    from zktasks.backend import ZooKeeperBackend
+
+    params = {**settings.TASKS["default"]}
+    params["OPTIONS"] = {**params["OPTIONS"], "SIGNING_KEY": "someone-else"}
+    foreign = ZooKeeperBackend("default", params)
+    job = foreign.enqueue(tasks.add, (1, 2), {})
+    start_worker()
+    from django.tasks import task_backends
+
+    result = task_backends["default"].wait(job.id, timeout=30)
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class_path.endswith("PayloadVerificationError")
+
+
+def test_corrupt_status_record_fails_job_and_worker_goes_on(backend, start_worker, zk_client):
+    job = tasks.add.submit(1, 2)
+    zk_client.set(backend.store.layout.status(job.id), b"\x80not json")
+    start_worker()
+    ok = tasks.add.submit(2, 2).wait(timeout=30)
+    assert ok.return_value == 4
+    record = StatusRecord.from_bytes(zk_client.get(backend.store.layout.status(job.id))[0])
+    assert record.state == "FAILED"
+    assert record.errors[0].exception_class_path == "zktasks.exceptions.CorruptRecord"
+
+
+def test_signals_fire_after_each_recorded_transition(backend, start_worker):
+    seen = []
+
+    def record(signal_name):
+        def receiver(sender, task_result, **kwargs):
+            fresh = backend.get_result(task_result.id)
+            seen.append((signal_name, task_result.status, fresh.status))
+        return receiver
+
+    receivers = {name: record(name) for name in ("enqueued", "started", "finished")}
+    task_enqueued.connect(receivers["enqueued"])
+    task_started.connect(receivers["started"])
+    task_finished.connect(receivers["finished"])
+    try:
+        start_worker()
+        job = tasks.add.submit(1, 1)
+        job.wait(timeout=30)
+        wait_until(lambda: len(seen) == 3, 10, "three signals")
+    finally:
+        task_enqueued.disconnect(receivers["enqueued"])
+        task_started.disconnect(receivers["started"])
+        task_finished.disconnect(receivers["finished"])
+    # Each signal reports a state already recorded in ZooKeeper.
+    assert seen == [
+        ("enqueued", "READY", "READY"),
+        ("started", "RUNNING", "RUNNING"),
+        ("finished", "SUCCESSFUL", "SUCCESSFUL"),
+    ]
+
+
+def test_leader_fails_over_when_its_worker_stops(backend, start_worker):
+    first = start_worker(name="first")
+    wait_until(lambda: first.leader is not None and first.leader.is_leader, 15, "a leader")
+    second = start_worker(name="second")
+    assert tasks.add.submit(1, 1).wait(timeout=30).return_value == 2
+    first.stop(graceful=False)
+    assert first.wait_stopped(15)
+    wait_until(lambda: second.leader is not None and second.leader.is_leader, 15,
+               "the second worker to lead")
+    assert tasks.add.submit(2, 2).wait(timeout=30).worker_ids == [second.worker_id]
+
+
+def test_stale_leader_write_is_refused_by_its_fence(backend, zk_hosts, zk_client):
+    """A leader whose session expired must not assign, even if its client reconnects."""
+    tasks.add.submit(1, 2)
+    store = backend.store
+    layout = store.layout
+    stale = KazooClient(hosts=zk_hosts, timeout=4.0)
+    stale.start(timeout=10)
+    try:
+        lock = stale.Lock(layout.leader, identifier="stale")
+        assert lock.acquire(timeout=10)
+        fence = layout.election_node(lock.node)
+        # Expire its session on the server: a second handle with the same id, closed.
+        session_id, password = stale.client_id
+        twin = KazooClient(hosts=zk_hosts, client_id=(session_id, password), timeout=4.0)
+        twin.start(timeout=10)
+        twin.stop()
+        twin.close()
+        wait_until(lambda: zk_client.exists(fence) is None, 15, "the fence to vanish")
+        wait_until(lambda: stale.connected and stale.client_id[0] != session_id, 20,
+                   "the stale client to reconnect on a new session")
+        stale_store = Store(stale, backend.conf)
+        zk_client.ensure_path(layout.worker_assignments("w1"))
+        [node] = zk_client.get_children(layout.queue("default"))
+        results = stale_store.assign(fence, [("default", node, "w1")])
+        assert failures(results)[0][0] == 0  # the fence check failed; nothing applied
+        assert zk_client.get_children(layout.queue("default")) == [node]
+        assert zk_client.get_children(layout.worker_assignments("w1")) == []
+    finally:
+        stale.stop()
+        stale.close()
+
+
+def test_jobs_of_a_vanished_worker_are_handed_back(backend, start_worker, zk_client):
+    """A worker whose session ends mid-job: the leader moves its job back to pending,
+    notes the lost attempt, and another worker runs it (at-least-once)."""
+    layout = backend.store.layout
+    # The leader serves another queue, so the only taker of "default" is the ghost.
+    leader = start_worker(name="leader", queues=["other"])
+    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 15, "a leader")
+    ghost = KazooClient(hosts=backend.conf.hosts, timeout=4.0)
+    ghost.start(timeout=10)
+    try:
+        data = json.dumps({"queues": ["default"], "concurrency": 1, "prefetch": 0}).encode()
+        tx = ghost.transaction()
+        tx.create(layout.worker_assignments("ghost"), b"")
+        tx.create(layout.worker("ghost"), data, ephemeral=True)
+        assert not failures(tx.commit())
+        job = tasks.add.submit(5, 5)
+        wait_for_children(zk_client, layout.worker_assignments("ghost"), lambda c: c == [job.id])
+        # The ghost starts the job the way a worker does, then dies.
+        ghost_store = Store(ghost, backend.conf)
+        found = ghost_store.read_status(job.id)
+        running = found.record.evolve(state="RUNNING", attempts=1, worker_ids=("ghost",))
+        assert ghost_store.start("ghost", job.id, running, found.version) is not None
+    finally:
+        ghost.stop()
+        ghost.close()
+    survivor = start_worker(name="survivor", concurrency=1)
+    result = job.wait(timeout=30)
+    assert result.return_value == 10
+    assert result.worker_ids == ["ghost", survivor.worker_id]
+    assert result.attempts == 2
+    assert result.errors[0].exception_class_path == "zktasks.exceptions.WorkerLost"
+    assert not zk_client.exists(layout.worker_assignments("ghost"))
