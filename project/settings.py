@@ -57,7 +57,9 @@ TEMPLATES = [
 WSGI_APPLICATION = "project.wsgi.application"
 
 (BASE_DIR / "var").mkdir(exist_ok=True)
-DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'demo.sqlite3'}")}
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'demo.sqlite3'}"),
+}
 
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -6,6 +6,7 @@ The table below is the contract operators, the dashboard and other code read
 
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 
@@ -32,14 +33,30 @@ JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _JOB_NODE_RE = re.compile(r"^(\d{3})-([0-9a-f]{32})$")
 
 
+_id_lock = threading.Lock()
+_id_last = [0, 0]  # last millisecond used, counter within it
+
+
 def new_job_id() -> str:
-    """Return a fresh job id: 12 hex digits of milliseconds, then 20 random hex digits.
+    """Return a fresh job id: 12 hex digits of milliseconds, a 4-digit counter, then 16
+    random hex digits.
 
     Time first, so ids sort by submission time (FIFO among equal priorities) across
-    processes whose clocks agree; the random part makes a retried create recognisable
-    as our own (the guid trick of ZooKeeper's recipes).
+    processes whose clocks agree, and strictly in order within one process (the counter,
+    and a clock that never steps back here); the random part makes a retried create
+    recognisable as our own (the guid trick of ZooKeeper's recipes).
     """
-    return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
+    with _id_lock:
+        ms = max(time.time_ns() // 1_000_000, _id_last[0])
+        if ms == _id_last[0]:
+            _id_last[1] += 1
+            if _id_last[1] > 0xFFFF:
+                ms, _id_last[1] = ms + 1, 0
+        else:
+            _id_last[1] = 0
+        _id_last[0] = ms
+        counter = _id_last[1]
+    return f"{ms:012x}{counter:04x}{secrets.token_hex(8)}"
 
 
 def is_job_id(value: str) -> bool:

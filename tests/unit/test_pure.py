@@ -1,0 +1,134 @@
+"""Unit tests of the pure modules: no ZooKeeper here."""
+
+import base64
+import json
+
+import pytest
+
+from zktasks import envelope, records, serialization
+from zktasks.conf import Options
+from zktasks.exceptions import ConfigurationError, CorruptRecord, PayloadVerificationError
+from zktasks.leader import Leader, WorkerView
+from zktasks.tree import job_node_name, new_job_id, parse_job_node
+
+KEY = "k" * 50
+
+
+def test_envelope_round_trip_and_binding():
+    sealed = envelope.seal(b"abc", job_id="j1", kind=envelope.PAYLOAD, key=KEY)
+    assert envelope.open_envelope(sealed, job_id="j1", kind=envelope.PAYLOAD, key=KEY) == b"abc"
+    for job_id, kind, key in [("j2", envelope.PAYLOAD, KEY), ("j1", envelope.RESULT, KEY),
+                              ("j1", envelope.PAYLOAD, "other")]:
+        with pytest.raises(PayloadVerificationError):
+            envelope.open_envelope(sealed, job_id=job_id, kind=kind, key=key)
+
+
+def test_envelope_refuses_modified_bytes_and_garbage():
+    sealed = envelope.seal(b"abc", job_id="j", kind="payload", key=KEY)
+    forged = dict(sealed, data=base64.b64encode(b"abd").decode())
+    for bad in (forged, {"data": sealed["data"]}, None, "x", dict(sealed, data="%%%")):
+        with pytest.raises(PayloadVerificationError):
+            envelope.open_envelope(bad, job_id="j", kind="payload", key=KEY)
+
+
+def test_mac_is_sha256():
+    sealed = envelope.seal(b"", job_id="j", kind="payload", key=KEY)
+    assert len(sealed["mac"]) == 64
+
+
+def test_job_ids_sort_by_time_and_node_names_by_priority():
+    first, second = new_job_id(), new_job_id()
+    assert len(first) == 32 and first[:12] <= second[:12]
+    names = sorted([job_node_name(0, first), job_node_name(10, second),
+                    job_node_name(-5, first), job_node_name(0, second)])
+    assert [parse_job_node(n) for n in names] == [(10, second), (0, first), (0, second),
+                                                  (-5, first)]
+    assert parse_job_node("garbage") is None
+
+
+def test_status_record_round_trip_is_readable_json():
+    record = records.StatusRecord(
+        id="a" * 32, task="m.f", backend="default", queue="q", priority=3,
+        enqueued_at=records.now(), worker_ids=("w",),
+        errors=(records.ErrorRecord(exception_class_path="x.Y", message="m", traceback="t"),),
+    )
+    raw = record.to_bytes()
+    assert json.loads(raw)["state"] == "READY"
+    assert records.StatusRecord.from_bytes(raw) == record
+    for bad in (b"", b"[]", b'{"state": "WEIRD"}', b"\xff"):
+        with pytest.raises(CorruptRecord):
+            records.StatusRecord.from_bytes(bad)
+
+
+def _module_function(x):
+    return x + 1
+
+
+def test_by_value_decisions():
+    assert serialization.travels_by_value(lambda: 1)
+    assert serialization.travels_by_value(_module_function)  # a test module
+    assert not serialization.travels_by_value(json.dumps)
+
+
+def test_by_value_function_carries_its_module_helpers():
+    blob = serialization.dump_call(_module_function, (1,), {}, task_path="t")
+    func, args, kwargs = serialization.load_call(blob)
+    assert func(*args) == 2
+
+
+def test_short_repr_survives_hostile_repr():
+    class Hostile:
+        def __repr__(self):
+            raise RuntimeError("no")
+
+    assert "Hostile" in serialization.short_repr((Hostile(),), {})
+    assert len(serialization.short_repr(("x" * 10_000,), {})) <= 500
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"HOSTS": ""}, "HOSTS"),
+    ({"HOSTS": "nohostport"}, "not 'host:port'"),
+    ({"HOSTS": "h:1/chroot"}, "chroot"),
+    ({"ROOT": "relative"}, "ROOT"),
+    ({"ROOT": "/"}, "ROOT"),
+    ({"SESSION_TIMEOUT": 0}, "SESSION_TIMEOUT"),
+    ({"AUTH": "nopassword"}, "AUTH"),
+    ({"MAX_RECORD_BYTES": 5_000_000}, "MAX_RECORD_BYTES"),
+    ({"TYPO": 1}, "unknown keys"),
+])
+def test_options_errors_name_the_setting(options, match):
+    with pytest.raises(ConfigurationError, match=match):
+        Options.from_params("default", {"OPTIONS": options})
+
+
+def test_options_defaults():
+    options = Options.from_params("default", {})
+    assert options.hosts == "127.0.0.1:2181" and options.root == "/zktasks"
+    assert options.signing_key  # SECRET_KEY
+
+
+def test_plan_prefers_priority_then_age_and_least_loaded_worker():
+    leader = Leader.__new__(Leader)
+    a, b = "0" * 31 + "a", "0" * 31 + "b"
+    leader.pending = {"default": sorted([job_node_name(0, a), job_node_name(5, b)]),
+                      "emails": [job_node_name(0, "0" * 31 + "c")]}
+    leader.workers = {
+        "w1": WorkerView("w1", frozenset({"default"}), capacity=1),
+        "w2": WorkerView("w2", frozenset({"default", "emails"}), capacity=2, assigned={"x"}),
+        "w3": WorkerView("w3", frozenset({"default"}), capacity=5, draining=True),
+    }
+    moves = leader.plan()
+    assert moves[0] == ("default", job_node_name(5, b), "w2")  # highest priority first
+    assert {m[2] for m in moves} == {"w1", "w2"}  # never the draining worker
+    assert len(moves) == 2  # capacity: w1 has 1, w2 has 1 free; one job waits
+    assert leader.workers["w2"].free == 0 and leader.workers["w1"].free == 0
+
+
+def test_system_check_reports_bad_options(settings):
+    from django.core import checks
+
+    settings.TASKS = {"default": {"BACKEND": "zktasks.backend.ZooKeeperBackend",
+                                  "OPTIONS": {"ROOT": "nope"}}}
+    errors = [e for e in checks.run_checks() if e.id.startswith("zktasks")]
+    assert [e.id for e in errors] == ["zktasks.E001"]
+    assert "ROOT" in errors[0].msg
