@@ -1,0 +1,799 @@
+"""Benchmark zktasks end to end against its own ZooKeeper: one command, one table.
+
+    .venv/bin/python bench/run.py [--jobs N] [--quick] [--json PATH]
+
+Starts a standalone ZooKeeper (zktasks.testing, fsync on) in a temp dir, then for each
+scenario starts `python -m django runworker` processes on a fresh root, and measures:
+
+* submit/s: N no-op jobs submitted back to back from this process (zktasks' API);
+* end-to-end jobs/s: N / (last job's finished_at - first submit);
+* latency p50/p99: submit one job, wait for its result, repeat (idle cluster);
+* ZooKeeper requests and write transactions per job, from the server's own counters
+  ("srvr": Received, Zxid) read before and after the throughput phase;
+* peak RSS (VmHWM) of each worker process and of its task processes.
+
+A last row runs the same pipeline on raw kazoo (bench/peer.py) for comparison.
+See bench/README.md.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+
+START_DEADLINE = 90.0   # seconds for workers to register
+DRAIN_DEADLINE = 300.0  # seconds for a throughput run to finish after the last submit
+WAIT_TIMEOUT = 30.0     # seconds for any single job's result
+STOP_DEADLINE = 45.0    # seconds for a worker to drain and exit after SIGTERM (drain 30s)
+POLL = 0.02
+
+
+class BenchError(Exception):
+    """Something the bench cannot go on from; the message says what."""
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def machine_info(zk) -> dict:
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    java = "unknown"
+    with contextlib.suppress(Exception):
+        out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
+        java = (out.stderr or out.stdout).splitlines()[0]
+    srvr = zk.four_letter_word("srvr")
+    zk_version = re.search(r"Zookeeper version: ([^,\s]+)", srvr)
+    import django
+    import kazoo
+
+    fs = "unknown"
+    with contextlib.suppress(Exception):
+        fs = subprocess.run(["df", "--output=fstype", str(zk.data_dir)], capture_output=True,
+                            text=True, timeout=10).stdout.split()[-1]
+    mem_kb = 0
+    with contextlib.suppress(OSError):
+        mem_kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())[1])
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "memory_gb": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "kazoo": getattr(kazoo, "__version__", None) or _dist_version("kazoo"),
+        "zookeeper": zk_version[1] if zk_version else "unknown",
+        "java": java,
+        "zk_data_fs": fs,
+        "loadavg_start": Path("/proc/loadavg").read_text().split()[:3],
+    }
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import version
+
+    try:
+        return version(name)
+    except Exception:
+        return "unknown"
+
+
+# --------------------------------------------------------------------------- ZooKeeper
+
+
+@dataclass
+class Counters:
+    received: int
+    sent: int
+    zxid: int
+    fsyncs: int
+
+
+def zk_counters(zk) -> Counters:
+    """The server's packet counters and last zxid (one 4lw connection each)."""
+    srvr = zk.four_letter_word("srvr")
+    mntr = zk.four_letter_word("mntr")
+    try:
+        received = int(re.search(r"^Received: (\d+)", srvr, re.M)[1])
+        sent = int(re.search(r"^Sent: (\d+)", srvr, re.M)[1])
+        zxid = int(re.search(r"^Zxid: (0x[0-9a-fA-F]+)", srvr, re.M)[1], 16)
+        fsync = re.search(r"^zk_cnt_fsynctime\s+(\d+)", mntr, re.M)
+    except (TypeError, ValueError) as exc:
+        raise BenchError(f"cannot parse ZooKeeper counters from:\n{srvr}") from exc
+    return Counters(received, sent, zxid, int(fsync[1]) if fsync else -1)
+
+
+def counter_delta(before: Counters, after: Counters, own_requests: int) -> dict:
+    # The 4lw commands between the snapshots count as packets too (srvr + mntr = 2
+    # received, 2 sent); so do the bench's own completion polls (1 each way).
+    return {
+        "received": after.received - before.received - 2 - own_requests,
+        "sent": after.sent - before.sent - 2 - own_requests,
+        "txns": (after.zxid & 0xFFFFFFFF) - (before.zxid & 0xFFFFFFFF),
+        "fsyncs": after.fsyncs - before.fsyncs if before.fsyncs >= 0 else None,
+    }
+
+
+class Monitor:
+    """A kazoo session of the bench's own, for polling the tree (requests are counted)."""
+
+    def __init__(self, hosts: str):
+        from kazoo.client import KazooClient
+
+        self.client = KazooClient(hosts=hosts, timeout=10.0)
+        self.client.start(timeout=15.0)
+        self.requests = 0
+
+    def children(self, path: str) -> list[str]:
+        from kazoo.exceptions import NoNodeError
+
+        self.requests += 1
+        try:
+            return self.client.get_children(path)
+        except NoNodeError:
+            return []
+
+    def wait_workers(self, path: str, count: int, procs: list, deadline: float) -> list[str]:
+        limit = time.monotonic() + deadline
+        while True:
+            for proc in procs:
+                proc.check_alive()
+            found = self.children(path)
+            if len(found) >= count:
+                return found
+            if time.monotonic() > limit:
+                raise BenchError(f"only {len(found)} of {count} workers registered under "
+                                 f"{path} within {deadline:.0f}s")
+            time.sleep(0.1)
+
+    def wait_drained(self, queue_path: str, assignments_path: str, procs: list,
+                     deadline: float) -> float:
+        """Poll until no job is pending or assigned; return when that was seen."""
+        limit = time.monotonic() + deadline
+        while True:
+            if not self.children(queue_path):
+                owners = self.children(assignments_path)
+                if not any(self.children(f"{assignments_path}/{o}") for o in owners):
+                    return time.time()
+            if time.monotonic() > limit:
+                left = len(self.children(queue_path))
+                raise BenchError(f"jobs still pending ({left} unassigned) {deadline:.0f}s "
+                                 "after the last submit")
+            for proc in procs:
+                proc.check_alive()
+            time.sleep(POLL)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.stop()
+            self.client.close()
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _descendants(pid: int) -> list[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name is in parentheses and may hold spaces: split after it.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _hwm_mb(pid: int) -> float | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
+    return int(match[1]) / 1024 if match else None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+    except OSError:
+        return "?"
+
+
+class Proc:
+    """A worker subprocess in its own process group, with its log file."""
+
+    running: list["Proc"] = []
+
+    def __init__(self, name: str, cmd: list[str], env: dict, log_dir: Path):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                      stdout=self._log, stderr=subprocess.STDOUT,
+                                      process_group=0)
+        self.stop_seconds: float | None = None
+        Proc.running.append(self)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log_tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            text = self.log_path.read_text(errors="replace")
+            return "\n".join(text.splitlines()[-lines:])
+        return "(no log)"
+
+    def check_alive(self) -> None:
+        if self.popen.poll() is not None:
+            raise BenchError(f"{self.name} exited with code {self.popen.returncode}; "
+                             f"log {self.log_path}:\n{self.log_tail()}")
+
+    def rss(self) -> dict:
+        """Peak RSS of the process and of each descendant (task processes)."""
+        children = {pid: (_hwm_mb(pid), _cmdline(pid)) for pid in _descendants(self.pid)}
+        children = {pid: v for pid, v in children.items() if v[0] is not None}
+        return {
+            "main_mb": round(_hwm_mb(self.pid) or 0.0, 1),
+            "children_mb": [round(mb, 1) for mb, _ in children.values()],
+            "children": [cmd for _, cmd in children.values()],
+        }
+
+    def stop(self) -> None:
+        """SIGTERM (the worker drains), then SIGKILL after a deadline; reap the group."""
+        if self not in Proc.running:
+            return
+        started = time.monotonic()
+        try:
+            if self.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.popen.send_signal(signal.SIGTERM)
+                try:
+                    self.popen.wait(STOP_DEADLINE)
+                except subprocess.TimeoutExpired:
+                    print(f"  ! {self.name} did not exit {STOP_DEADLINE:.0f}s after SIGTERM; "
+                          "killing it", file=sys.stderr)
+                    self.popen.kill()
+                    self.popen.wait(10)
+            self.stop_seconds = round(time.monotonic() - started, 2)
+        finally:
+            # Task processes die with their parent (PDEATHSIG); anything else left in
+            # the group goes now.
+            if _group_members(self.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGKILL)
+            self._log.close()
+            Proc.running.remove(self)
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid:
+                    members.append(int(entry.name))
+    return members
+
+
+def stop_all() -> None:
+    for proc in list(Proc.running):
+        try:
+            proc.stop()
+        except Exception as exc:
+            print(f"  ! stopping {proc.name} failed: {exc!r}", file=sys.stderr)
+
+
+def worker_env(hosts: str, root: str) -> dict:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="bench.settings",
+        ZKTASKS_BENCH_HOSTS=hosts,
+        ZKTASKS_BENCH_ROOT=root,
+        PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])]),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+# --------------------------------------------------------------------------- drivers
+
+
+@dataclass
+class Done:
+    """When one job was enqueued, started and finished (epoch seconds)."""
+
+    enqueued: float
+    started: float
+    finished: float
+
+
+class ZkTasksDriver:
+    """Submit and wait through zktasks' public API (bench.tasks.noop)."""
+
+    def __init__(self, root: str):
+        from django.tasks import task_backends
+
+        from zktasks.tree import Layout
+
+        backend = task_backends["default"]
+        if backend.conf.root != root:
+            raise BenchError(f"backend root is {backend.conf.root}, expected {root}")
+        layout = Layout(root)
+        self.queue_path = layout.queue("default")
+        self.assignments_path = layout.assignments
+        self.workers_path = layout.workers
+        from bench.tasks import noop
+
+        self.task = noop
+
+    def submit(self):
+        return self.task.enqueue()
+
+    def wait(self, result, timeout: float) -> Done:
+        result.wait(timeout=timeout)
+        if result.status.name != "SUCCESSFUL":
+            raise BenchError(f"job {result.id} ended {result.status.name}: {result.errors}")
+        return Done(result.enqueued_at.timestamp(), result.started_at.timestamp(),
+                    result.finished_at.timestamp())
+
+    def close(self) -> None:
+        pass
+
+
+class PeerDriver:
+    def __init__(self, hosts: str, root: str):
+        from bench.peer import PeerClient
+
+        self.peer = PeerClient(hosts, root)
+        self.queue_path = self.peer.queue_path
+        self.assignments_path = self.peer.assignments_path
+        self.workers_path = self.peer.paths["workers"]
+
+    def submit(self):
+        return self.peer.submit()
+
+    def wait(self, job_id, timeout: float) -> Done:
+        record = self.peer.wait(job_id, timeout)
+        return Done(record["enqueued_at"], record["started_at"], record["finished_at"])
+
+    def close(self) -> None:
+        self.peer.close()
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+@dataclass
+class Scenario:
+    name: str
+    kind: str          # "zktasks" or "peer"
+    workers: int
+    pool: str
+    concurrency: int
+
+
+@dataclass
+class Row:
+    scenario: str
+    workers: int
+    pool: str
+    concurrency: int
+    jobs: int
+    submit_idle_per_s: float = 0.0
+    drain_per_s: float = 0.0
+    drain_zk_requests_per_job: float = 0.0
+    drain_zk_txns_per_job: float = 0.0
+    submit_per_s: float = 0.0
+    e2e_per_s: float = 0.0
+    latency_p50_ms: float = 0.0
+    latency_p99_ms: float = 0.0
+    latency_samples: int = 0
+    latency_breakdown_ms: dict = field(default_factory=dict)
+    zk_requests_per_job: float = 0.0
+    zk_sent_per_job: float = 0.0
+    zk_txns_per_job: float = 0.0
+    zk_fsyncs_per_job: float | None = None
+    zk_raw: dict = field(default_factory=dict)
+    rss: list = field(default_factory=list)
+    rss_main_mb: float = 0.0
+    rss_tree_mb: float = 0.0
+    stop_seconds: list = field(default_factory=list)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def measure_phase(zk, monitor: Monitor, driver, procs, count: int,
+                  submit: bool) -> tuple[dict, list, float, float]:
+    """Optionally submit `count` jobs, wait until none is pending or assigned.
+
+    Return (ZooKeeper counter delta, handles, submit seconds, epoch of the first submit).
+    """
+    before = zk_counters(zk)
+    polls_before = monitor.requests
+    t0 = time.time()
+    p0 = time.perf_counter()
+    handles = [driver.submit() for _ in range(count)] if submit else []
+    submit_s = time.perf_counter() - p0
+    monitor.wait_drained(driver.queue_path, driver.assignments_path, procs, DRAIN_DEADLINE)
+    after = zk_counters(zk)
+    delta = counter_delta(before, after, monitor.requests - polls_before)
+    return delta, handles, submit_s, t0
+
+
+def start_workers(sc: Scenario, zk, root: str, log_dir: Path) -> list["Proc"]:
+    env = worker_env(zk.hosts, root)
+    if sc.kind == "peer":
+        cmd = [sys.executable, "-m", "bench.peer", "serve", "--hosts", zk.hosts,
+               "--root", root, "--threads", str(sc.concurrency)]
+        return [Proc(f"{sc.name}-0", cmd, env, log_dir)]
+    procs = []
+    for i in range(sc.workers):
+        cmd = [sys.executable, "-m", "django", "runworker", "--queues", "default",
+               "--concurrency", str(sc.concurrency), "--pool", sc.pool,
+               "--name", f"{sc.name}-{i}", "-v", "1"]
+        procs.append(Proc(f"{sc.name}-{i}", cmd, env, log_dir))
+    return procs
+
+
+def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row:
+    root = f"/bench-{sc.name}-{secrets.token_hex(4)}"
+    row = Row(sc.name, sc.workers, sc.pool, sc.concurrency, args.jobs)
+    print(f"-- {sc.name}: {sc.workers} worker(s), pool={sc.pool}, concurrency="
+          f"{sc.concurrency}, root={root}", flush=True)
+    procs: list[Proc] = []
+    profilers: list[Profiler] = []
+    settings_cm = None
+    driver = None
+    try:
+        if sc.kind == "zktasks":
+            from django.test import override_settings
+
+            settings_cm = override_settings(TASKS=tasks_setting(zk.hosts, root))
+            settings_cm.enable()
+            driver = ZkTasksDriver(root)
+        else:
+            driver = PeerDriver(zk.hosts, root)
+
+        # 1. Backlog: submit with no worker running (nothing competes for the CPUs), then
+        # start the workers and time how fast they drain it: the workers' own capacity,
+        # which the streaming phase below cannot show when the submitter is slower.
+        p0 = time.perf_counter()
+        backlog = [driver.submit() for _ in range(args.jobs)]
+        row.submit_idle_per_s = args.jobs / (time.perf_counter() - p0)
+        started = time.monotonic()
+        procs = start_workers(sc, zk, root, log_dir)
+        monitor.wait_workers(driver.workers_path, sc.workers, procs, START_DEADLINE)
+        print(f"   {sc.workers} worker(s) registered in {time.monotonic() - started:.1f}s; "
+              f"draining a backlog of {args.jobs}", flush=True)
+        if args.profile:
+            profilers = [Profiler(p, args.profile / f"{sc.name}-{i}-backlog.txt")
+                         for i, p in enumerate(procs)]
+        delta, _, _, _ = measure_phase(zk, monitor, driver, procs, args.jobs, submit=False)
+        for profiler in profilers:
+            profiler.stop()
+        finished = sorted(driver.wait(h, WAIT_TIMEOUT).finished for h in backlog)
+        # Skip the first tenth: it includes task processes finishing their startup.
+        skip = len(finished) // 10
+        span = finished[-1] - finished[skip]
+        row.drain_per_s = (len(finished) - 1 - skip) / span if span > 0 else float("nan")
+        row.drain_zk_requests_per_job = delta["received"] / args.jobs
+        row.drain_zk_txns_per_job = delta["txns"] / args.jobs
+        row.zk_raw["backlog"] = delta
+        print(f"   backlog: submit (no workers) {row.submit_idle_per_s:.0f}/s, drained at "
+              f"{row.drain_per_s:.0f} jobs/s", flush=True)
+
+        # 2. Streaming: submit while the (warm) workers run, until all are finished.
+        if args.profile:
+            profilers = [Profiler(p, args.profile / f"{sc.name}-{i}-stream.txt")
+                         for i, p in enumerate(procs)]
+        delta, handles, submit_s, t0 = measure_phase(zk, monitor, driver, procs, args.jobs,
+                                                     submit=True)
+        for profiler in profilers:
+            profiler.stop()
+        last = max(driver.wait(h, WAIT_TIMEOUT).finished for h in handles)
+        row.submit_per_s = args.jobs / submit_s
+        row.e2e_per_s = args.jobs / (last - t0)
+        row.zk_raw["stream"] = delta
+        row.zk_requests_per_job = delta["received"] / args.jobs
+        row.zk_sent_per_job = delta["sent"] / args.jobs
+        row.zk_txns_per_job = delta["txns"] / args.jobs
+        if delta["fsyncs"] is not None:
+            row.zk_fsyncs_per_job = delta["fsyncs"] / args.jobs
+        print(f"   streaming: submit {row.submit_per_s:.0f}/s, end-to-end "
+              f"{row.e2e_per_s:.0f} jobs/s, {row.zk_requests_per_job:.2f} ZK requests/job",
+              flush=True)
+
+        # 3. Latency on an idle cluster.
+        latencies, queued, running, notified = [], [], [], []
+        for _ in range(args.latency):
+            p0 = time.perf_counter()
+            handle = driver.submit()
+            done = driver.wait(handle, WAIT_TIMEOUT)
+            latencies.append(time.perf_counter() - p0)
+            woke = time.time()
+            queued.append(done.started - done.enqueued)
+            running.append(done.finished - done.started)
+            notified.append(woke - done.finished)
+        row.latency_samples = len(latencies)
+        row.latency_p50_ms = _pct(latencies, 0.50) * 1000
+        row.latency_p99_ms = _pct(latencies, 0.99) * 1000
+        row.latency_breakdown_ms = {
+            "enqueued_to_started_p50": round(statistics.median(queued) * 1000, 2),
+            "started_to_finished_p50": round(statistics.median(running) * 1000, 2),
+            "finished_to_waiter_p50": round(statistics.median(notified) * 1000, 2),
+        }
+        print(f"   latency: p50 {row.latency_p50_ms:.1f} ms, p99 {row.latency_p99_ms:.1f} ms",
+              flush=True)
+
+        for proc in procs:
+            proc.check_alive()
+            row.rss.append(proc.rss())
+        row.rss_main_mb = max(r["main_mb"] for r in row.rss)
+        row.rss_tree_mb = max(r["main_mb"] + sum(r["children_mb"]) for r in row.rss)
+    finally:
+        for profiler in profilers:
+            profiler.stop()
+        for proc in procs:
+            proc.stop()
+            row.stop_seconds.append(proc.stop_seconds)
+        if driver is not None:
+            driver.close()
+        if settings_cm is not None:
+            settings_cm.disable()
+    print(f"   workers stopped in {row.stop_seconds} s", flush=True)
+    return row
+
+
+class Profiler:
+    """py-spy sampling one worker and its task processes (only with --profile)."""
+
+    def __init__(self, proc: "Proc", out: Path):
+        exe = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or \
+            shutil.which("py-spy")
+        if exe is None:
+            raise BenchError("--profile needs py-spy: .venv/bin/pip install py-spy")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.out = out
+        self._log = open(out.with_suffix(".log"), "wb")  # noqa: SIM115
+        self.popen = subprocess.Popen(
+            [exe, "record", "--pid", str(proc.pid), "--subprocesses", "--rate", "250",
+             "--format", "raw", "--output", str(out), "--nonblocking"],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+        time.sleep(0.5)  # let it attach
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGINT)
+            try:
+                self.popen.wait(30)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._log.close()
+
+
+def tasks_setting(hosts: str, root: str) -> dict:
+    from django.conf import settings
+
+    tasks = json.loads(json.dumps(settings.TASKS))
+    tasks["default"]["OPTIONS"].update(HOSTS=hosts, ROOT=root)
+    return tasks
+
+
+# --------------------------------------------------------------------------- output
+
+
+COLUMNS = (
+    ("scenario", "scenario", "{}"),
+    ("workers", "workers", "{}"),
+    ("pool", "pool", "{}"),
+    ("jobs", "jobs", "{}"),
+    ("submit/s", "submit_per_s", "{:.0f}"),
+    ("e2e jobs/s", "e2e_per_s", "{:.0f}"),
+    ("drain jobs/s", "drain_per_s", "{:.0f}"),
+    ("p50 ms", "latency_p50_ms", "{:.1f}"),
+    ("p99 ms", "latency_p99_ms", "{:.1f}"),
+    ("ZK req/job", "zk_requests_per_job", "{:.2f}"),
+    ("ZK txn/job", "zk_txns_per_job", "{:.2f}"),
+    ("fsync/job", "zk_fsyncs_per_job", "{:.2f}"),
+    ("RSS MB main", "rss_main_mb", "{:.0f}"),
+    ("RSS MB +tasks", "rss_tree_mb", "{:.0f}"),
+)
+
+
+def format_table(rows: list[Row]) -> str:
+    header = [title for title, _, _ in COLUMNS]
+    body = []
+    for row in rows:
+        cells = []
+        for _, attr, fmt in COLUMNS:
+            value = getattr(row, attr)
+            cells.append("-" if value is None else fmt.format(value))
+        body.append(cells)
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i < 3 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    out = [line(header), "  ".join("-" * w for w in widths)]
+    out += [line(cells) for cells in body]
+    return "\n".join(out)
+
+
+def format_machine(info: dict) -> str:
+    return "\n".join([
+        f"machine:   {info['nproc']} CPUs ({info['cpu']}), {info['memory_gb']} GB RAM, "
+        f"Linux {info['kernel']}, load avg at start {' '.join(info['loadavg_start'])}",
+        f"software:  Python {info['python']}, Django {info['django']}, kazoo {info['kazoo']}, "
+        f"ZooKeeper {info['zookeeper']} ({info['java']}), ZK data on {info['zk_data_fs']} "
+        "with fsync on",
+    ])
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="jobs per throughput run (default 2000; 300 with --quick)")
+    parser.add_argument("--latency", type=int, default=None, metavar="N",
+                        help="sequential submit+wait samples (default 200; 50 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="fewer jobs, for a smoke run")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--only", metavar="NAMES",
+                        help="comma-separated scenario names to run (default: all)")
+    parser.add_argument("--profile", metavar="DIR", type=Path,
+                        help="sample each worker (and its task processes) with py-spy "
+                             "during the backlog and streaming phases; raw stacks to DIR")
+    parser.add_argument("--keep-logs", action="store_true",
+                        help="keep the temp dir (ZooKeeper data, worker logs) afterwards")
+    args = parser.parse_args(argv)
+    if args.jobs is None:
+        args.jobs = 300 if args.quick else 2000
+    if args.latency is None:
+        args.latency = 50 if args.quick else 200
+    if args.jobs < 1 or args.latency < 1:
+        parser.error("--jobs and --latency must be at least 1")
+    return args
+
+
+SCENARIOS = (
+    Scenario("zktasks-1w", "zktasks", 1, "process", 2),
+    Scenario("zktasks-2w", "zktasks", 2, "process", 2),
+    Scenario("zktasks-1w-thread", "zktasks", 1, "thread", 2),
+    Scenario("peer-raw-kazoo", "peer", 1, "thread", 2),
+)
+
+
+def _raise_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    scenarios = SCENARIOS
+    if args.only:
+        wanted = {n.strip() for n in args.only.split(",")}
+        unknown = wanted - {s.name for s in SCENARIOS}
+        if unknown:
+            print(f"unknown scenarios {sorted(unknown)}; have "
+                  f"{[s.name for s in SCENARIOS]}", file=sys.stderr)
+            return 2
+        scenarios = tuple(s for s in SCENARIOS if s.name in wanted)
+    signal.signal(signal.SIGTERM, _raise_exit)
+
+    from zktasks.testing import ZooKeeperServer, ZooKeeperUnavailable, free_port
+
+    tmp = Path(tempfile.mkdtemp(prefix="zktasks-bench-"))
+    log_dir = tmp / "logs"
+    log_dir.mkdir()
+    zk = None
+    monitor = None
+    ok = False
+    try:
+        zk = ZooKeeperServer(data_dir=tmp / "zookeeper", client_port=free_port())
+        zk.start(timeout=60)
+        os.environ["ZKTASKS_BENCH_HOSTS"] = zk.hosts
+        os.environ["ZKTASKS_BENCH_ROOT"] = "/bench-unused"
+        import django
+
+        django.setup()
+        info = machine_info(zk)
+        print(format_machine(info), flush=True)
+        print(f"ZooKeeper at {zk.hosts}, data and logs in {tmp}", flush=True)
+        print(f"jobs per throughput run: {args.jobs}; latency samples: {args.latency}",
+              flush=True)
+        monitor = Monitor(zk.hosts)
+        rows = []
+        for sc in scenarios:
+            rows.append(run_scenario(sc, zk, monitor, args, log_dir))
+        info["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+        print()
+        print(format_machine(info))
+        print(f"command:   .venv/bin/python bench/run.py {' '.join(sys.argv[1:])}".rstrip())
+        print()
+        print(format_table(rows))
+        if any(r.scenario.startswith("peer") for r in rows):
+            print("\npeer-raw-kazoo = raw kazoo, batched multis, no task execution "
+                  "(bench/peer.py): the ZooKeeper floor for the same transitions.")
+        print("\nlatency breakdown (p50 ms: enqueued->started, started->finished, "
+              "finished->waiter woke):")
+        for r in rows:
+            b = r.latency_breakdown_ms
+            print(f"  {r.scenario:<20} {b.get('enqueued_to_started_p50', 0):7.2f} "
+                  f"{b.get('started_to_finished_p50', 0):7.2f} "
+                  f"{b.get('finished_to_waiter_p50', 0):7.2f}")
+        if args.json:
+            payload = {"machine": info, "jobs": args.jobs, "latency_samples": args.latency,
+                       "rows": [asdict(r) for r in rows]}
+            Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+            print(f"\nwrote {args.json}")
+        ok = True
+        return 0
+    except ZooKeeperUnavailable as exc:
+        print(f"bench: no ZooKeeper: {exc}", file=sys.stderr)
+        return 2
+    except BenchError as exc:
+        print(f"bench failed: {exc}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, SystemExit):
+        print("bench interrupted", file=sys.stderr)
+        return 130
+    finally:
+        stop_all()
+        if monitor is not None:
+            monitor.close()
+        with contextlib.suppress(Exception):
+            from zktasks.client import close_clients
+
+            close_clients()
+        if zk is not None:
+            zk.stop()
+        if ok and not args.keep_logs:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"bench: logs and ZooKeeper data kept in {tmp}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""ZooKeeper goes away and comes back: nothing is lost, work goes on."""
+
+import threading
+
+import pytest
+
+from tests import tasks
+from tests.conftest import zk_tasks_setting
+from zktasks.testing import ZooKeeperServer
+
+
+@pytest.fixture
+def own_server():
+    server = ZooKeeperServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def zk_settings(settings, own_server, zk_root, monkeypatch):
+    """Overrides the suite's fixture: every task backend here uses this test's server."""
+    settings.TASKS = zk_tasks_setting(own_server.hosts, zk_root)
+    monkeypatch.setenv("ZKTASKS_TEST_HOSTS", own_server.hosts)
+    monkeypatch.setenv("ZKTASKS_TEST_ROOT", zk_root)
+    return settings
+
+
+def test_submit_rides_out_a_server_restart(zk_settings, own_server, start_worker):
+    assert tasks.add.submit(1, 1).id  # connected, skeleton made
+    own_server.stop()
+    submitted = {}
+
+    def submit():
+        try:
+            submitted["job"] = tasks.add.submit(20, 22)
+        except Exception as exc:  # surfaced by the assertion below
+            submitted["error"] = exc
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    own_server.start()  # back within the session timeout
+    thread.join(30)
+    assert "error" not in submitted, submitted.get("error")
+    start_worker()
+    assert submitted["job"].wait(timeout=30).return_value == 42
+
+
+def test_worker_and_leader_carry_on_after_a_restart(zk_settings, own_server, start_worker):
+    worker = start_worker()
+    assert worker.options.hosts == own_server.hosts
+    assert tasks.add.submit(1, 2).wait(timeout=30).return_value == 3
+    own_server.restart()
+    assert tasks.add.submit(3, 4).wait(timeout=30).return_value == 7
+    assert worker.leader.is_leader
+
+
+def test_outage_longer_than_the_session_re_registers_the_worker(zk_settings, own_server,
+                                                                 start_worker, zk_root):
+    from kazoo.client import KazooClient
+
+    worker = start_worker()
+    first_id = worker.worker_id
+    # Expire the worker's session on the server (a second handle with its id, closed).
+    session_id, password = worker.client.client_id
+    assert worker.options.hosts == own_server.hosts
+    twin = KazooClient(hosts=own_server.hosts, client_id=(session_id, password))
+    twin.start(timeout=10)
+    twin.stop()
+    twin.close()
+    result = tasks.add.submit(5, 6).wait(timeout=60)
+    assert result.return_value == 11
+    assert worker.worker_id != first_id  # a new identity after expiry (rule 3)
+    assert result.worker_ids == [worker.worker_id]
