@@ -51,3 +51,10 @@ def exit_hard(code):
 @zk_task(timeout=0.5)
 def hang():
     time.sleep(60)
+
+
+@zk_task(max_attempts=3, takes_context=True)
+def flaky(context, succeed_on):
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"failing attempt {context.attempt}")
+    return context.attempt

@@ -82,3 +82,17 @@ def test_queues_route_to_serving_workers_only(backend, start_worker):
         mail.wait(timeout=1.0)  # nobody serves "emails" yet
     start_worker(queues=["emails"])
     assert mail.wait(timeout=30).return_value == "sent to ada@example.com"
+
+
+def test_max_attempts_reruns_a_failed_job_and_records_each_attempt(backend, start_worker):
+    start_worker()
+    recovered = tasks.flaky.submit(2).wait(timeout=30)
+    assert recovered.status == TaskResultStatus.SUCCESSFUL
+    assert recovered.return_value == 2 and recovered.attempts == 2
+    assert [e.exception_class_path for e in recovered.errors] == ["builtins.RuntimeError"]
+    exhausted = tasks.flaky.submit(5).wait(timeout=30)
+    assert exhausted.status == TaskResultStatus.FAILED
+    assert exhausted.attempts == 3 and len(exhausted.errors) == 3
+    assert "failing attempt 3" in exhausted.errors[-1].traceback
+    only_once = tasks.flaky.using(max_attempts=1).submit(2).wait(timeout=30)
+    assert only_once.status == TaskResultStatus.FAILED and only_once.attempts == 1
