@@ -66,7 +66,8 @@ class Worker:
         self.options = self.backend.conf
         self.queues = sorted(set(queues or []))
         self.concurrency = max(1, int(concurrency))
-        self.prefetch = self.concurrency if prefetch is None else max(0, int(prefetch))
+        # Small by default: a job prefetched behind a long one waits for it.
+        self.prefetch = 1 if prefetch is None else max(0, int(prefetch))
         self.pool_name = pool
         self.base_name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.lead = lead
@@ -123,8 +124,10 @@ class Worker:
                 leader_thread.join(5)
             with self._cond:
                 self._cond.notify_all()
+            # Runner threads are done after a drain; after a forced stop a thread-pool job
+            # may still run: do not wait for it, our session's end hands it back.
             for t in threads:
-                t.join(max(1.0, self.drain_timeout))
+                t.join(2.0)
             self._deregister()
             self.runner.stop(force=True)
             self.client.remove_listener(self._on_state)
@@ -413,6 +416,12 @@ class Worker:
         outcome = self.runner.run(Execution(
             job_id=job_id, blob=blob, record_json=running.to_bytes(), timeout=record.timeout,
         ))
+        if self._stopping.is_set() and not outcome.ok:
+            # Killed by a forced stop, not by its own doing: leave the assignment, so the
+            # leader hands the job back once our session ends (at-least-once).
+            logger.warning("job interrupted by stop job=%s; it will run again elsewhere",
+                           job_id)
+            return
         self._finish(item, running, new_version, outcome, blob=blob)
 
     def _finish(self, item: _Queued, running: StatusRecord, version: int, outcome: Outcome,

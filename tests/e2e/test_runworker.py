@@ -95,3 +95,26 @@ def test_runworker_rejects_bad_options(runworker, zk_settings):
     proc = runworker("--concurrency", "0")
     assert proc.wait(30) != 0
     assert "must be at least 1" in proc.log_path.read_text()
+
+
+def test_second_signal_stops_at_once_and_the_job_runs_again(backend, runworker, zk_client,
+                                                             tmp_path):
+    first = runworker("--concurrency", "1", name="first")
+    wait_registered(zk_client, backend, 1)
+    release = tmp_path / "release"
+    job = tasks.wait_for_file.submit(str(release), "second time")
+    wait_for_data(zk_client, backend.store.layout.status(job.id),
+                  lambda d: d["state"] == "RUNNING")
+    first.send_signal(signal.SIGTERM)
+    [worker_id] = zk_client.get_children(backend.store.layout.workers)
+    wait_for_data(zk_client, backend.store.layout.worker(worker_id), lambda d: d["draining"])
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    record = wait_for_data(zk_client, backend.store.layout.status(job.id), lambda d: True)
+    assert record["state"] != "FAILED"  # an operator's stop is not the job's failure
+    runworker("--concurrency", "1", name="second")
+    release.touch()
+    result = job.wait(timeout=60)
+    assert result.return_value == "second time"
+    assert result.attempts == 2
+    assert result.errors[0].exception_class_path == "zktasks.exceptions.WorkerLost"

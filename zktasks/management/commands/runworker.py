@@ -71,7 +71,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-leader", action="store_true",
                             help="never lead: only run jobs")
         parser.add_argument("--prefetch", type=int, default=None,
-                            help="jobs assigned beyond --concurrency (default: --concurrency)")
+                            help="jobs assigned beyond --concurrency, waiting here (default: 1)")
         parser.add_argument("--drain-timeout", type=_seconds, default=30.0,
                             help="seconds to let running jobs finish on SIGTERM (default 30)")
 
