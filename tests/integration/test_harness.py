@@ -182,13 +182,19 @@ def test_plugin_fixtures(zk_client: KazooClient, zk_root: str, zk_hosts: str) ->
     assert zk_hosts.rsplit(":", 1)[1].isdigit()
 
 
+_recorded_roots: list[str] = []
+
+
+def test_plugin_gives_a_fresh_root(zk_client: KazooClient, zk_root: str) -> None:
+    assert zk_client.exists(zk_root) is None
+    zk_client.ensure_path(f"{zk_root}/some/tree")
+    _recorded_roots.append(zk_root)
+
+
 def test_plugin_removes_earlier_roots(zk_client: KazooClient, zk_root: str) -> None:
-    leftovers = [
-        child
-        for child in zk_client.get_children("/")
-        if child.startswith("zktasks-test-") and f"/{child}" != zk_root
-    ]
-    assert leftovers == []
+    # Runs after the test above (file order): the root it filled is gone.
+    assert _recorded_roots and zk_root not in _recorded_roots
+    assert zk_client.exists(_recorded_roots[0]) is None
 
 
 def test_plugin_revives_crashed_session_server(
