@@ -49,7 +49,7 @@ FIND_PYTHON = \
   done; \
   root=""; \
   if command -v pyenv >/dev/null 2>&1; then root="$$(pyenv root 2>/dev/null || true)"; \
-  elif [ -d "$${PYENV_ROOT:-$$HOME/.pyenv}/versions" ]; then root="$${PYENV_ROOT:-$$HOME/.pyenv}"; fi; \
+  elif [ -d "$${PYENV_ROOT:-$${HOME:-/nonexistent}/.pyenv}/versions" ]; then root="$${PYENV_ROOT:-$${HOME:-/nonexistent}/.pyenv}"; fi; \
   if [ -n "$$root" ]; then \
     for p in $$(ls -d "$$root"/versions/3.1[2-9]*/bin/python 2>/dev/null | sort -rV); do \
       if ok "$$p"; then found "$$p"; fi; \
@@ -78,15 +78,16 @@ python: ## Show which Python 3.12+ would build .venv
 venv: ## Create .venv (Python 3.12+) and pip install -e '.[test]' when pyproject.toml changed
 	@if [ -e $(VENV) ] && ! $(VPY) -c '$(PY_OK)' >/dev/null 2>&1; then \
 	  echo "$(VENV) has no working Python 3.12+; recreating it"; rm -rf $(VENV); fi
-	@$(MAKE) --no-print-directory $(STAMP)
+	@$(MAKE) --no-print-directory --silent $(STAMP)
 
 $(STAMP): pyproject.toml
 	@if [ ! -x $(VPY) ]; then \
 	  py="$$($(FIND_PYTHON))"; \
 	  echo "Creating $(VENV) with $$py ($$("$$py" -V 2>&1))"; \
-	  "$$py" -m venv $(VENV); \
+	  "$$py" -m venv $(VENV) || { rm -rf $(VENV); exit 1; }; \
 	fi
-	$(VPY) -m pip install --disable-pip-version-check -e '.[test]'
+	@echo "$(VPY) -m pip install -e '.[test]'"
+	@$(VPY) -m pip install --disable-pip-version-check -e '.[test]'
 	@touch $@
 
 zookeeper: venv ## Make sure ZooKeeper and Java are installed (apt-get as root on Debian)

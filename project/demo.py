@@ -127,6 +127,28 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join("    " + line for line in text.splitlines()[-lines:])
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of a process group, from /proc (Linux)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            members.append(int(entry))
+    return members
+
+
 # Children die with the demo even when it is SIGKILLed (Linux: PR_SET_PDEATHSIG).
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -181,11 +203,21 @@ class Child:
 
     def kill(self) -> None:
         """SIGKILL the whole process group (the worker's task processes too)."""
-        if self.running():
+        if self.running() or group_members(self.proc.pid):
+            # Safe after the leader is reaped: a group id is not reused while the
+            # group has members.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
+
+    def wait_for_group(self, timeout: float) -> None:
+        """Give what the child started (task processes, multiprocessing's resource
+        tracker) `timeout` seconds to exit after it, then kill what is left."""
+        deadline = time.monotonic() + timeout
+        while group_members(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.kill()
 
     def close(self) -> None:
         self._log.close()
@@ -492,7 +524,7 @@ class Demo:
         for child in self.children:
             if child.running():
                 say(f"    {child.name} did not stop; killing it")
-                child.kill()
+            child.wait_for_group(0.0 if self.hurry else 5.0)
             code = child.proc.returncode
             if code is None:
                 how = "still running after SIGKILL"
