@@ -53,8 +53,38 @@ def hang():
     time.sleep(60)
 
 
-@zk_task(max_attempts=3, takes_context=True)
+@zk_task(max_attempts=3, backoff=0, takes_context=True)
 def flaky(context, succeed_on):
     if context.attempt < succeed_on:
         raise RuntimeError(f"failing attempt {context.attempt}")
     return context.attempt
+
+
+@zk_task(max_attempts=2, backoff=0.4, takes_context=True)
+def fails_once_with_backoff(context):
+    if context.attempt == 1:
+        raise ConnectionError("first attempt fails")
+    return context.task_result.last_attempted_at
+
+
+@zk_task(max_attempts=3, takes_context=True)
+def asks_for_retry(context):
+    from zktasks import Retry
+
+    if context.attempt == 1:
+        raise Retry("not yet", delay=0.1)
+    return context.attempt
+
+
+@zk_task(max_attempts=5, backoff=0, retry_on=(ConnectionError,))
+def raises_value_error():
+    raise ValueError("not retried")
+
+
+def stop_after_two(attempt, exc):
+    return None if attempt >= 2 else 0
+
+
+@zk_task(max_attempts=5, backoff=stop_after_two)
+def always_fails():
+    raise RuntimeError("again")

@@ -4,7 +4,9 @@ import dataclasses
 import logging
 import threading
 import time
+from datetime import datetime
 
+from django.conf import settings
 from django.core import checks
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import (
@@ -15,6 +17,7 @@ from django.tasks.base import (
 )
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
+from django.utils import timezone
 from django.utils.inspect import get_func_args
 
 from . import envelope, records, serialization
@@ -31,7 +34,7 @@ from .exceptions import (
 from .records import StatusRecord
 from .store import Store, failures
 from .task import ZkTask, ZkTaskResult
-from .tree import QUEUE_RE, is_job_id, job_node_name
+from .tree import QUEUE_RE, delayed_node_name, is_job_id, job_node_name
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +43,7 @@ class ZooKeeperBackend(BaseTaskBackend):
     """Store jobs in ZooKeeper for `manage.py runworker` processes to run."""
 
     task_class = ZkTask
-    supports_defer = False
+    supports_defer = True
     supports_async_task = True
     supports_get_result = True
     supports_priority = True
@@ -101,11 +104,16 @@ class ZooKeeperBackend(BaseTaskBackend):
                 f"Priority {priority!r} of task {task.module_path!r} is invalid; give a whole "
                 f"number from {TASK_MIN_PRIORITY} to {TASK_MAX_PRIORITY}."
             )
-        if task.run_after is not None and not self.supports_defer:
-            raise InvalidTaskError(
-                f"Task {task.module_path!r} has run_after, which this zktasks version does "
-                "not support yet; submit it without run_after."
-            )
+        if task.run_after is not None:
+            if not isinstance(task.run_after, datetime):
+                raise InvalidTaskError(
+                    f"run_after is {task.run_after!r}; give a datetime (an aware one)."
+                )
+            if settings.USE_TZ and timezone.is_naive(task.run_after):
+                raise InvalidTaskError(
+                    f"run_after {task.run_after!r} is naive; give an aware datetime, e.g. "
+                    "django.utils.timezone.now() + timedelta(minutes=5)."
+                )
         queue = task.queue_name
         if not isinstance(queue, str) or not QUEUE_RE.match(queue):
             raise InvalidTaskError(
@@ -133,6 +141,8 @@ class ZooKeeperBackend(BaseTaskBackend):
         blob = serialization.dump_call(
             task.func, args, kwargs, task_path=task.module_path,
             by_value=getattr(task, "by_value", None),
+            policy=serialization.RetryPolicy(getattr(task, "backoff", None),
+                                             getattr(task, "retry_on", None)),
         )
         conf = self.conf
         record = StatusRecord(
@@ -145,6 +155,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             max_attempts=getattr(task, "max_attempts", 1),
             timeout=getattr(task, "timeout", None),
             takes_context=task.takes_context,
+            run_after=task.run_after,
             args_repr=serialization.short_repr(args, kwargs),
             payload=envelope.seal(blob, job_id=job_id, kind=envelope.PAYLOAD,
                                   key=conf.signing_key),
@@ -208,7 +219,8 @@ class ZooKeeperBackend(BaseTaskBackend):
             try:
                 blob = envelope.open_envelope(record.payload, job_id=record.id,
                                               kind=envelope.PAYLOAD, key=self.conf.signing_key)
-                return serialization.load_call(blob)
+                call = serialization.load_call(blob)
+                return call.func, call.args, call.kwargs
             except PayloadVerificationError as exc:
                 logger.warning("payload not loaded job=%s: %s", record.id, exc)
             except Exception as exc:  # verified, but its code is not importable here
@@ -281,16 +293,22 @@ class ZooKeeperBackend(BaseTaskBackend):
                 exception_class_path="zktasks.exceptions.JobCancelled",
                 message=str(exc), traceback=str(exc) + "\n"),),
         )
-        job_path = store.layout.job(record.queue, job_node_name(record.priority, job_id))
+        candidates = [store.layout.job(record.queue, job_node_name(record.priority, job_id))]
+        if record.run_after is not None:
+            due_ms = int(record.run_after.timestamp() * 1000)
+            candidates.append(store.layout.delayed_job(
+                delayed_node_name(due_ms, record.priority, job_id, record.queue)))
+        status_path = store.layout.status(job_id)
+        data = final.to_bytes()
+        for waiting in candidates:
+            def build(txn, waiting=waiting):
+                txn.delete(waiting)
+                txn.set_data(status_path, data, version=found.version)
 
-        def build(txn):
-            txn.delete(job_path)
-            txn.set_data(store.layout.status(job_id), final.to_bytes(), version=found.version)
-
-        results = store.commit(build, landed=lambda: store._written(
-            store.layout.status(job_id), final.to_bytes()))
-        return not failures(results)
-
+            results = store.commit(build, landed=lambda: store._written(status_path, data))
+            if not failures(results):
+                return True
+        return False  # taken by a worker meanwhile
 
 _UNKNOWN = object()
 

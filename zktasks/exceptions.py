@@ -54,3 +54,14 @@ class JobCancelled(ZkTasksError):
 
 class CorruptRecord(ZkTasksError):
     """A znode under ROOT holds data that is not a record zktasks wrote."""
+
+
+class Retry(ZkTasksError):
+    """Raise inside a task to ask for another attempt (within max_attempts).
+
+    `delay` is seconds to wait first; None uses the task's backoff.
+    """
+
+    def __init__(self, message: str = "retry requested", *, delay: float | None = None):
+        super().__init__(message)
+        self.delay = delay

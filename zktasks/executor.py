@@ -37,28 +37,34 @@ class Outcome:
     ok: bool
     value_blob: bytes | None = None
     error: ErrorRecord | None = None
+    retry_delay: float | None = None  # seconds before another attempt; None: no retry
 
 
 def execute(execution: Execution) -> Outcome:
     """Load and call the job's function; never raises."""
     from . import serialization
+    from .records import StatusRecord
 
+    call = None
+    record = None
     try:
-        func, args, kwargs = serialization.load_call(execution.blob)
-        from .records import StatusRecord
-
+        call = serialization.load_call(execution.blob)
         record = StatusRecord.from_bytes(execution.record_json)
+        args = call.args
         if record.takes_context:
-            args = (_context(record, func, args, kwargs), *args)
-        if iscoroutinefunction(func):
+            args = (_context(record, call.func, call.args, call.kwargs), *args)
+        if iscoroutinefunction(call.func):
             from asgiref.sync import async_to_sync
 
-            value = async_to_sync(func)(*args, **kwargs)
+            value = async_to_sync(call.func)(*args, **call.kwargs)
         else:
-            value = func(*args, **kwargs)
+            value = call.func(*args, **call.kwargs)
         return Outcome(ok=True, value_blob=serialization.dump_value(value))
     except BaseException as exc:  # a task's SystemExit is its failure, not ours
-        return Outcome(ok=False, error=ErrorRecord.from_exception(exc))
+        delay = None
+        if call is not None and record is not None:
+            delay = retry_delay(call.policy, record.attempts, exc)
+        return Outcome(ok=False, error=ErrorRecord.from_exception(exc), retry_delay=delay)
     finally:
         try:
             from django.db import close_old_connections
@@ -66,6 +72,15 @@ def execute(execution: Execution) -> Outcome:
             close_old_connections()
         except Exception:
             logger.debug("closing database connections failed", exc_info=True)
+
+
+def retry_delay(policy, attempt: int, exc: BaseException) -> float | None:
+    """Ask the task's retry policy; a broken backoff callable means no retry."""
+    try:
+        return policy.delay(attempt, exc)
+    except Exception:
+        logger.exception("backoff callable failed; not retrying attempt=%d", attempt)
+        return None
 
 
 def _context(record, func, args, kwargs):

@@ -28,7 +28,7 @@ from kazoo.protocol.states import EventType, KazooState
 
 from . import records
 from .store import TRANSIENT, Store, failures
-from .tree import parse_job_node
+from .tree import job_node_name, parse_delayed_node, parse_job_node
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class Leader:
         self._dirty_lock = threading.Lock()
         self.workers: dict[str, WorkerView] = {}
         self.pending: dict[str, list[str]] = {}
+        self.delayed: list[str] = []  # sorted names: the first is due first
         self.assignments_total = 0
 
     # -- election ----------------------------------------------------------------------
@@ -197,7 +198,8 @@ class Leader:
                 self.mark("*")  # outcome unknown: re-read the truth after reconnecting
                 self.wake.wait(0.1)
                 continue
-            self.wake.wait(RECONCILE_EVERY)
+            # Sleep until a watch fires or the next delayed job is due: no polling.
+            self.wake.wait(min(RECONCILE_EVERY, self._until_next_due()))
 
     def _tick(self) -> None:
         with self._dirty_lock:
@@ -208,6 +210,7 @@ class Leader:
             self._refresh(dirty)
             if "*" in dirty or "workers" in dirty:
                 self._reassign_orphans()
+        self._promote_due()
         self._assign()
 
     # -- reads ---------------------------------------------------------------------------
@@ -240,6 +243,16 @@ class Leader:
                 watch = self._watch(f"q:{queue}")
                 names = self.store.children(self.layout.queue(queue), watch=watch)
                 self.pending[queue] = sorted(n for n in names if parse_job_node(n))
+
+        if full or "delayed" in dirty:
+            names = self.store.children(self.layout.delayed, watch=self._watch("delayed"))
+            self.delayed = sorted(n for n in names if parse_delayed_node(n))
+
+    def _until_next_due(self) -> float:
+        if not self.delayed:
+            return RECONCILE_EVERY
+        due_ms = parse_delayed_node(self.delayed[0])[0]
+        return max(0.0, due_ms / 1000 - time.time()) + 0.001
 
     def _read_worker(self, view: WorkerView) -> None:
         path = self.layout.worker(view.worker_id)
@@ -302,6 +315,37 @@ class Leader:
             return
         logger.warning("job handed back job=%s from=%s (worker gone)", job_id, owner)
         self.mark(f"q:{queue}")
+
+    def _promote_due(self) -> None:
+        """Move delayed jobs whose time has come to their queue, in fenced batches."""
+        now_ms = int(time.time() * 1000)
+        due = []
+        for name in self.delayed:
+            due_ms, priority, job_id, queue = parse_delayed_node(name)
+            if due_ms > now_ms:
+                break
+            due.append((name, queue, job_node_name(priority, job_id)))
+        for start in range(0, len(due), BATCH):
+            batch = due[start:start + BATCH]
+            results = self.store.promote(self.fence, batch)
+            failed = failures(results)
+            if failed:
+                self._raise_if_fence(failed)
+                # A queue parent is missing or the entry vanished (cancelled): re-read.
+                name, queue, _ = batch[(failed[0][0] - 1) // 2]
+                logger.warning("promotion refused job=%s error=%r", name, failed[0][1])
+                if isinstance(failed[0][1], NoNodeError) and (failed[0][0] - 1) % 2 == 0:
+                    self.store.retry(self.client.ensure_path, self.layout.queue(queue))
+                self.mark("delayed")
+                self.mark("queues")
+                return
+            done = {name for name, _, _ in batch}
+            self.delayed = [n for n in self.delayed if n not in done]
+            for _name, queue, node in batch:
+                self.pending.setdefault(queue, []).append(node)
+                logger.info("job due job=%s queue=%s", node.split("-", 1)[1], queue)
+            for queue in {queue for _, queue, _ in batch}:
+                self.pending[queue].sort()
 
     def _assign(self) -> None:
         plan = self.plan()

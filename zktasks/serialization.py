@@ -7,6 +7,7 @@ a test module) travel by value, as dill's serialized Runnable of the seed did.
 
 import builtins
 import importlib
+import random
 import sys
 import types
 from dataclasses import dataclass
@@ -138,11 +139,50 @@ def function_spec(func, *, by_value: bool | None = None):
     return ByValue(func, module)
 
 
-def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = None) -> bytes:
+MAX_BACKOFF = 3600.0  # seconds: the cap of exponential backoff
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """When and after how long a failed attempt is retried (max_attempts permitting)."""
+
+    backoff: Any = None                      # seconds (exponential base) or a callable
+    retry_on: tuple[type[BaseException], ...] | None = None
+
+    def delay(self, attempt: int, exc: BaseException) -> float | None:
+        """Return seconds to wait before the next attempt, or None for no retry."""
+        from .exceptions import Retry
+
+        if isinstance(exc, Retry) and exc.delay is not None:
+            return max(0.0, float(exc.delay))
+        if (self.retry_on is not None and not isinstance(exc, Retry)
+                and not isinstance(exc, self.retry_on)):
+            return None
+        if callable(self.backoff):
+            chosen = self.backoff(attempt, exc)
+            return None if chosen is None else max(0.0, float(chosen))
+        base = float(self.backoff or 0.0)
+        # Exponential with jitter: spread retries of jobs that failed together.
+        return min(MAX_BACKOFF, base * 2 ** max(0, attempt - 1)) * random.uniform(0.5, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    func: Any
+    args: tuple
+    kwargs: dict
+    policy: RetryPolicy
+
+
+def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = None,
+              policy: RetryPolicy | None = None) -> bytes:
     """Serialize a call, naming the offending argument if dill cannot handle one."""
     spec = function_spec(func, by_value=by_value)
+    policy = policy or RetryPolicy()
+    if callable(policy.backoff) and travels_by_value(policy.backoff):
+        policy = RetryPolicy(function_spec(policy.backoff, by_value=True), policy.retry_on)
     try:
-        return dill.dumps((spec, tuple(args), dict(kwargs)), recurse=True)
+        return dill.dumps((spec, tuple(args), dict(kwargs), policy), recurse=True)
     except Exception as exc:
         culprit = _find_culprit(spec, args, kwargs)
         raise SerializationError(
@@ -172,10 +212,12 @@ def _picklable(value) -> bool:
     return True
 
 
-def load_call(blob: bytes):
-    """Return (function, args, kwargs) from verified bytes."""
-    spec, args, kwargs = dill.loads(blob)
-    return spec.resolve(), args, kwargs
+def load_call(blob: bytes) -> Call:
+    """Return the call held in verified bytes."""
+    spec, args, kwargs, policy = dill.loads(blob)
+    if isinstance(policy.backoff, FunctionRef | ByValue):
+        policy = RetryPolicy(policy.backoff.resolve(), policy.retry_on)
+    return Call(spec.resolve(), args, kwargs, policy)
 
 
 def dump_value(value) -> bytes:

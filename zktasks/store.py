@@ -25,7 +25,7 @@ from . import records
 from .conf import Options
 from .exceptions import PayloadTooLarge, ZooKeeperUnavailableError
 from .records import StatusRecord
-from .tree import Layout, job_node_name
+from .tree import Layout, delayed_node_name, job_node_name
 
 logger = logging.getLogger(__name__)
 
@@ -117,10 +117,18 @@ class Store:
 
     # -- submit --------------------------------------------------------------------
 
+    def waiting_path(self, record: StatusRecord) -> str:
+        """Where a READY job waits: jobs/{queue} when due, delayed/ until its run_after."""
+        if record.run_after is not None and record.run_after > records.now():
+            due_ms = int(record.run_after.timestamp() * 1000)
+            return self.layout.delayed_job(
+                delayed_node_name(due_ms, record.priority, record.id, record.queue))
+        return self.layout.job(record.queue, job_node_name(record.priority, record.id))
+
     def submit(self, record: StatusRecord) -> None:
-        """Create the status record and the pending job in one multi (idempotent)."""
+        """Create the status record and the waiting job in one multi (idempotent)."""
         status_path = self.layout.status(record.id)
-        job_path = self.layout.job(record.queue, job_node_name(record.priority, record.id))
+        job_path = self.waiting_path(record)
         status_data = record.to_bytes()
         job_data = records.dumps({
             "id": record.id,
@@ -209,13 +217,15 @@ class Store:
         return results[1].version
 
     def finish(self, worker_id: str, job_id: str, final: StatusRecord, version: int,
-               *, requeue_node: str | None = None) -> bool:
+               *, requeue: bool = False) -> bool:
         """Record the outcome and delete our assignment in one multi.
 
         Fenced by the assignment znode (ours) and the status version (no newer attempt
-        wrote since we started). With `requeue_node`, also put the job back to pending.
+        wrote since we started). With `requeue`, the job also goes back to wait (pending,
+        or delayed until its run_after) in the same multi.
         Return False when the write was refused: the result is stale and dropped.
         """
+        requeue_path = self.waiting_path(final) if requeue else None
         assignment = self.layout.assignment(worker_id, job_id)
         status_path = self.layout.status(job_id)
         data = final.to_bytes()
@@ -223,9 +233,8 @@ class Store:
         def build(txn):
             txn.delete(assignment)
             txn.set_data(status_path, data, version=version)
-            if requeue_node:
-                txn.create(self.layout.job(final.queue, requeue_node),
-                           records.dumps({"id": final.id, "task": final.task}))
+            if requeue_path:
+                txn.create(requeue_path, records.dumps({"id": final.id, "task": final.task}))
 
         def landed():
             return self._written(status_path, data)
@@ -271,6 +280,17 @@ class Store:
                     records.dumps({"queue": queue, "node": node, "assigned_at": now}),
                 )
                 txn.delete(self.layout.job(queue, node))
+
+        return self._commit_raw(build)
+
+    def promote(self, fence: str, names: Iterable[tuple[str, str, str]]) -> list:
+        """Move due delayed jobs to their queue: names are (delayed_name, queue, job_node)."""
+
+        def build(txn):
+            txn.check(fence, -1)
+            for delayed_name, queue, node in names:
+                txn.create(self.layout.job(queue, node), b"")
+                txn.delete(self.layout.delayed_job(delayed_name))
 
         return self._commit_raw(build)
 

@@ -18,6 +18,9 @@ class ZkTask(Task):
 
     # Keyword names follow Django's open proposals (new-features #142 and #144).
     max_attempts: int = 1
+    backoff: Any = 1.0   # seconds (base of exponential backoff with jitter) or a callable
+    #                      (attempt, exception) -> seconds | None (None: do not retry)
+    retry_on: tuple[type[BaseException], ...] | None = None  # None: retry on any exception
     timeout: float | None = None
     by_value: bool | None = None  # None: decide from where the function lives
 
@@ -39,10 +42,29 @@ class ZkTask(Task):
             raise InvalidTaskError(
                 f"timeout is {self.timeout!r}; give a positive number of seconds or None."
             )
+        if not callable(self.backoff) and (
+            isinstance(self.backoff, bool)
+            or not isinstance(self.backoff, int | float)
+            or self.backoff < 0
+            or not math.isfinite(self.backoff)
+        ):
+            raise InvalidTaskError(
+                f"backoff is {self.backoff!r}; give seconds (>= 0) or a callable "
+                "(attempt, exception) -> seconds | None."
+            )
+        if self.retry_on is not None:
+            if isinstance(self.retry_on, type):
+                object.__setattr__(self, "retry_on", (self.retry_on,))
+            if not all(isinstance(c, type) and issubclass(c, BaseException)
+                       for c in self.retry_on):
+                raise InvalidTaskError(
+                    f"retry_on is {self.retry_on!r}; give a tuple of exception classes."
+                )
+            object.__setattr__(self, "retry_on", tuple(self.retry_on))
         Task.__post_init__(self)
 
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
-              max_attempts=None, timeout=_UNSET):
+              max_attempts=None, backoff=None, retry_on=_UNSET, timeout=_UNSET):
         """Return a copy with other defaults (Django's options plus zktasks' own)."""
         changed = Task.using(
             self, priority=priority, queue_name=queue_name, run_after=run_after,
@@ -51,6 +73,10 @@ class ZkTask(Task):
         extra = {}
         if max_attempts is not None:
             extra["max_attempts"] = max_attempts
+        if backoff is not None:
+            extra["backoff"] = backoff
+        if retry_on is not _UNSET:
+            extra["retry_on"] = retry_on
         if timeout is not _UNSET:
             extra["timeout"] = timeout
         return replace(changed, **extra) if extra else changed

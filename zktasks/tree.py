@@ -20,6 +20,10 @@ LAYOUT = (
     ("{root}/jobs/{queue}/{job_node}", "PERSISTENT", "submitters; the leader on reassign",
      "one per job waiting to be assigned; name '{100-priority:03d}-{job_id}' sorts by "
      "priority, then submission time; data: JSON id, task, enqueued_at"),
+    ("{root}/delayed/{due_ms}-{100-priority}-{job_id}-{queue}", "PERSISTENT",
+     "submitters (run_after); workers (retry backoff)",
+     "jobs waiting for their time; the name sorts by due time and carries all the leader "
+     "needs to move the job to jobs/{queue} when due (no reads); no data"),
     ("{root}/assignments/{worker_id}", "PERSISTENT", "the worker (with its worker node)",
      "parent of the worker's assignments; the leader deletes it once the worker is gone"),
     ("{root}/assignments/{worker_id}/{job_id}", "PERSISTENT", "the leader",
@@ -31,6 +35,7 @@ LAYOUT = (
 QUEUE_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}$")
 JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _JOB_NODE_RE = re.compile(r"^(\d{3})-([0-9a-f]{32})$")
+_DELAYED_RE = re.compile(r"^(\d{13})-(\d{3})-([0-9a-f]{32})-(.+)$")
 
 
 _id_lock = threading.Lock()
@@ -76,6 +81,19 @@ def parse_job_node(name: str) -> tuple[int, str] | None:
     return 100 - int(match.group(1)), match.group(2)
 
 
+def delayed_node_name(due_ms: int, priority: int, job_id: str, queue: str) -> str:
+    """Name a job waiting for its time; a plain sort gives the order in which it is due."""
+    return f"{due_ms:013d}-{100 - priority:03d}-{job_id}-{queue}"
+
+
+def parse_delayed_node(name: str) -> tuple[int, int, str, str] | None:
+    """Return (due_ms, priority, job_id, queue), or None for a foreign name."""
+    match = _DELAYED_RE.match(name)
+    if not match:
+        return None
+    return int(match.group(1)), 100 - int(match.group(2)), match.group(3), match.group(4)
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """Paths below one ROOT."""
@@ -93,6 +111,13 @@ class Layout:
     @property
     def jobs(self) -> str:
         return f"{self.root}/jobs"
+
+    @property
+    def delayed(self) -> str:
+        return f"{self.root}/delayed"
+
+    def delayed_job(self, name: str) -> str:
+        return f"{self.delayed}/{name}"
 
     @property
     def assignments(self) -> str:
@@ -125,4 +150,5 @@ class Layout:
 
     def skeleton(self) -> tuple[str, ...]:
         """The persistent parents every process may assume once created."""
-        return (self.leader, self.workers, self.jobs, self.assignments, self.status_dir)
+        return (self.leader, self.workers, self.jobs, self.delayed, self.assignments,
+                self.status_dir)

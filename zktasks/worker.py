@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.tasks import task_backends
 from django.tasks.signals import task_finished, task_started
@@ -35,7 +36,6 @@ from .executor import Execution, Outcome, make_runner
 from .leader import Leader
 from .records import ErrorRecord, StatusRecord
 from .store import TRANSIENT, Store, Versioned, failures
-from .tree import job_node_name
 
 logger = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ class Worker:
         layout = self.store.layout
 
         def build(txn):
-            txn.create(layout.job(record.queue, job_node_name(record.priority, item.job_id)),
+            txn.create(self.store.waiting_path(record),
                        records.dumps({"id": item.job_id, "task": record.task}))
             txn.delete(layout.assignment(item.worker_id, item.job_id))
 
@@ -416,6 +416,10 @@ class Worker:
         outcome = self.runner.run(Execution(
             job_id=job_id, blob=blob, record_json=running.to_bytes(), timeout=record.timeout,
         ))
+        if not outcome.ok and outcome.retry_delay is None and outcome.error.exception_class_path \
+                in ("zktasks.exceptions.TaskTimeout", "zktasks.exceptions.TaskProcessDied"):
+            # The task process could not decide (killed or gone): decide here.
+            outcome = self._parent_side_retry(outcome, blob, running.attempts)
         if self._stopping.is_set() and not outcome.ok:
             # Killed by a forced stop, not by its own doing: leave the assignment, so the
             # leader hands the job back once our session ends (at-least-once).
@@ -428,10 +432,7 @@ class Worker:
                 *, blob: bytes | None = None) -> None:
         worker_id, job_id = item.worker_id, item.job_id
         final, requeue = self._final_record(running, outcome, worker_id)
-        recorded = self.store.finish(
-            worker_id, job_id, final, version,
-            requeue_node=job_node_name(final.priority, job_id) if requeue else None,
-        )
+        recorded = self.store.finish(worker_id, job_id, final, version, requeue=requeue)
         if not recorded:
             return
         self.completed += 1
@@ -473,14 +474,23 @@ class Worker:
             exception_class_path=error.exception_class_path, message=error.message,
             traceback=error.traceback, attempt=running.attempts, worker_id=worker_id,
         )
-        retry = (
-            running.attempts < running.max_attempts
-            and error.exception_class_path != "zktasks.exceptions.PayloadVerificationError"
-        )
-        if retry:
-            return running.evolve(state=records.READY, errors=running.errors + (error,)), True
-        return running.evolve(state=records.FAILED, finished_at=now,
-                              errors=running.errors + (error,)), False
+        errors = running.errors + (error,)
+        if outcome.retry_delay is not None and running.attempts < running.max_attempts:
+            due = now + timedelta(seconds=outcome.retry_delay)
+            return running.evolve(state=records.READY, errors=errors, run_after=due), True
+        return running.evolve(state=records.FAILED, finished_at=now, errors=errors), False
+
+    def _parent_side_retry(self, outcome: Outcome, blob: bytes, attempt: int) -> Outcome:
+        from . import exceptions
+        from .executor import retry_delay
+
+        kind = getattr(exceptions, outcome.error.exception_class_path.rsplit(".", 1)[1])
+        try:
+            policy = serialization.load_call(blob).policy
+        except Exception:
+            return outcome
+        delay = retry_delay(policy, attempt, kind(outcome.error.message))
+        return Outcome(ok=False, error=outcome.error, retry_delay=delay)
 
     def _fail_corrupt(self, worker_id: str, job_id: str, exc: Exception) -> None:
         logger.error("corrupt status record job=%s: %s; failing the job", job_id, exc)
@@ -494,10 +504,10 @@ class Worker:
     def _send(self, signal, record: StatusRecord, blob: bytes) -> None:
         """Send a django.tasks signal after the state it reports was recorded."""
         try:
-            func, args, kwargs = serialization.load_call(blob)
-            task = self.backend._task_for(record, func)
-            result = self.backend.build_result(record, task=task, args=list(args),
-                                               kwargs=dict(kwargs))
+            call = serialization.load_call(blob)
+            task = self.backend._task_for(record, call.func)
+            result = self.backend.build_result(record, task=task, args=list(call.args),
+                                               kwargs=dict(call.kwargs))
             signal.send(type(self.backend), task_result=result)
         except Exception:
             # A receiver's error must not change a recorded outcome.

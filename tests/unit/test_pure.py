@@ -72,8 +72,8 @@ def test_by_value_decisions():
 
 def test_by_value_function_carries_its_module_helpers():
     blob = serialization.dump_call(_module_function, (1,), {}, task_path="t")
-    func, args, kwargs = serialization.load_call(blob)
-    assert func(*args) == 2
+    call = serialization.load_call(blob)
+    assert call.func(*call.args) == 2
 
 
 def test_short_repr_survives_hostile_repr():

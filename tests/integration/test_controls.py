@@ -1,0 +1,114 @@
+"""run_after, retries with backoff, Retry, retry_on, cancel: on a real ZooKeeper, with
+crashes in the middle."""
+
+from datetime import timedelta
+
+import pytest
+from django.tasks import TaskResultStatus
+from django.utils import timezone
+
+from tests import tasks
+from tests.waiting import wait_for_children, wait_for_data, wait_until
+from zktasks import InvalidTaskError
+
+
+def test_run_after_is_not_run_before_its_time(backend, start_worker, zk_client):
+    start_worker()
+    when = timezone.now() + timedelta(seconds=1.5)
+    job = tasks.add.using(run_after=when).submit(1, 2)
+    layout = backend.store.layout
+    assert len(zk_client.get_children(layout.delayed)) == 1  # waiting, not pending
+    result = job.wait(timeout=30)
+    assert result.return_value == 3
+    assert result.started_at >= when
+
+
+def test_run_after_in_the_past_runs_at_once(backend, start_worker):
+    start_worker()
+    job = tasks.add.using(run_after=timezone.now() - timedelta(hours=1)).submit(1, 1)
+    assert job.wait(timeout=30).return_value == 2
+
+
+def test_naive_run_after_is_refused(backend):
+    from datetime import datetime
+
+    with pytest.raises(InvalidTaskError, match="naive"):
+        tasks.add.using(run_after=datetime(2030, 1, 1)).submit(1, 1)
+
+
+def test_run_after_survives_a_leader_change(backend, start_worker, zk_client):
+    first = start_worker(name="first")
+    wait_until(lambda: first.leader is not None and first.leader.is_leader, 15, "a leader")
+    when = timezone.now() + timedelta(seconds=2)
+    job = tasks.add.using(run_after=when).submit(4, 4)
+    first.stop(graceful=False)  # the leader dies before the job is due
+    assert first.wait_stopped(15)
+    second = start_worker(name="second")
+    result = job.wait(timeout=30)
+    assert result.return_value == 8
+    assert result.worker_ids == [second.worker_id]  # run exactly once
+    assert result.started_at >= when
+
+
+def test_backoff_waits_in_delayed_then_retries(backend, start_worker, zk_client):
+    start_worker()
+    job = tasks.fails_once_with_backoff.submit()
+    record = wait_for_data(zk_client, backend.store.layout.status(job.id),
+                           lambda d: d["state"] == "READY" and d["attempts"] == 1)
+    assert record["run_after"]  # waiting for its backoff
+    result = job.wait(timeout=30)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.attempts == 2
+    first_failure = result.errors[0]
+    assert first_failure.exception_class_path == "builtins.ConnectionError"
+    # Second attempt no earlier than 0.5 × backoff after the first (jitter lower bound).
+    assert result.return_value - result.started_at >= timedelta(seconds=0.2)
+
+
+def test_task_can_ask_for_a_retry(backend, start_worker):
+    start_worker()
+    result = tasks.asks_for_retry.submit().wait(timeout=30)
+    assert result.return_value == 2
+    assert result.errors[0].exception_class_path == "zktasks.exceptions.Retry"
+
+
+def test_retry_on_limits_which_exceptions_retry(backend, start_worker):
+    start_worker()
+    result = tasks.raises_value_error.submit().wait(timeout=30)
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1
+
+
+def test_backoff_callable_can_stop_retrying(backend, start_worker):
+    start_worker()
+    result = tasks.always_fails.submit().wait(timeout=30)
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 2
+
+
+def test_killing_the_worker_during_backoff_loses_nothing(backend, start_worker, zk_client):
+    first = start_worker(name="first")
+    job = tasks.fails_once_with_backoff.using(backoff=3.0).submit()
+    wait_for_data(zk_client, backend.store.layout.status(job.id),
+                  lambda d: d["state"] == "READY" and d["attempts"] == 1)
+    first.stop(graceful=False)
+    assert first.wait_stopped(15)
+    second = start_worker(name="second")
+    result = job.wait(timeout=30)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.attempts == 2 and result.worker_ids[1] == second.worker_id
+
+
+def test_delayed_job_can_be_cancelled(backend, start_worker, zk_client):
+    start_worker()
+    job = tasks.add.using(run_after=timezone.now() + timedelta(seconds=30)).submit(1, 1)
+    assert job.cancel() is True
+    assert job.status == TaskResultStatus.FAILED
+    wait_for_children(zk_client, backend.store.layout.delayed, lambda c: c == [])
+
+
+def test_invalid_retry_options_are_refused(backend):
+    from zktasks import zk_task
+
+    with pytest.raises(InvalidTaskError, match="backoff"):
+        zk_task(backoff=-1)(tasks.add.func)
+    with pytest.raises(InvalidTaskError, match="retry_on"):
+        zk_task(retry_on=("nope",))(tasks.add.func)
