@@ -4,7 +4,7 @@ import dataclasses
 import logging
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core import checks
@@ -19,6 +19,7 @@ from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.inspect import get_func_args
+from kazoo.exceptions import BadVersionError, NoNodeError
 
 from . import envelope, records, serialization
 from .client import get_client
@@ -34,7 +35,7 @@ from .exceptions import (
 from .records import StatusRecord
 from .store import Store, failures
 from .task import ZkTask, ZkTaskResult
-from .tree import QUEUE_RE, delayed_node_name, is_job_id, job_node_name
+from .tree import BUCKET_MS, QUEUE_RE, delayed_node_name, is_job_id, job_node_name
 
 logger = logging.getLogger(__name__)
 
@@ -300,15 +301,69 @@ class ZooKeeperBackend(BaseTaskBackend):
                 delayed_node_name(due_ms, record.priority, job_id, record.queue)))
         status_path = store.layout.status(job_id)
         data = final.to_bytes()
+        index = store.index_path(final)
         for waiting in candidates:
             def build(txn, waiting=waiting):
                 txn.delete(waiting)
                 txn.set_data(status_path, data, version=found.version)
+                txn.create(index, b"")
 
             results = store.commit(build, landed=lambda: store._written(status_path, data))
             if not failures(results):
                 return True
         return False  # taken by a worker meanwhile
+
+    def retry(self, job_id: str) -> bool:
+        """Send a FAILED job back to pending for one more attempt; False if not FAILED."""
+        store = self.store
+        found = store.read_status(job_id)
+        if found is None:
+            raise JobNotFound(f"No job has the id {job_id!r}.")
+        record = found.record
+        if record.state != records.FAILED or record.finished_at is None:
+            return False
+        again = record.evolve(state=records.READY, finished_at=None, run_after=None,
+                              max_attempts=record.attempts + 1)
+        index = store.index_path(record)
+        waiting = store.waiting_path(again)
+        status_path = store.layout.status(job_id)
+        data = again.to_bytes()
+
+        def build(txn):
+            txn.set_data(status_path, data, version=found.version)
+            txn.delete(index)
+            txn.create(waiting, records.dumps({"id": job_id, "task": record.task}))
+
+        results = store.commit(build, landed=lambda: store._written(status_path, data))
+        return not failures(results)
+
+    def purge(self, *, states=("SUCCESSFUL", "FAILED"), older_than=None) -> int:
+        """Delete finished records (by state, finished longer ago than `older_than`)."""
+        codes = tuple({"SUCCESSFUL": "S", "FAILED": "F"}[s] for s in states)
+        # Whole 10-second buckets go: with no age, include the bucket being filled now.
+        cutoff = records.now() - older_than if older_than else records.now() + timedelta(
+            milliseconds=BUCKET_MS)
+        return self.store.delete_finished(before_ms=int(cutoff.timestamp() * 1000),
+                                          states=codes)
+
+    def drain_worker(self, worker_id: str) -> bool:
+        """Ask a worker to drain: it takes nothing new, finishes, hands back, exits."""
+        store = self.store
+        path = store.layout.worker(worker_id)
+        try:
+            raw, stat = store.retry(store.client.get, path)
+        except NoNodeError:
+            return False
+        data = records.loads(raw, path=path)
+        if data.get("draining"):
+            return True
+        data["draining"] = True
+        try:
+            store.retry(store.client.set, path, records.dumps(data), version=stat.version)
+        except (NoNodeError, BadVersionError):
+            return False
+        return True
+
 
 _UNKNOWN = object()
 

@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 BATCH = 100              # jobs per assignment multi (ops = 2 per job + the fence)
 RECONCILE_EVERY = 30.0   # seconds between full re-reads even when no watch fired
+EXPIRE_EVERY = 10.0      # seconds between sweeps of finished records past RESULT_TTL
 
 
 class LeadershipLost(Exception):
@@ -79,6 +80,7 @@ class Leader:
         self.pending: dict[str, list[str]] = {}
         self.delayed: list[str] = []  # sorted names: the first is due first
         self.assignments_total = 0
+        self._last_expiry = 0.0
 
     # -- election ----------------------------------------------------------------------
 
@@ -198,8 +200,9 @@ class Leader:
                 self.mark("*")  # outcome unknown: re-read the truth after reconnecting
                 self.wake.wait(0.1)
                 continue
-            # Sleep until a watch fires or the next delayed job is due: no polling.
-            self.wake.wait(min(RECONCILE_EVERY, self._until_next_due()))
+            # Sleep until a watch fires, the next delayed job is due or the next expiry
+            # sweep: no polling.
+            self.wake.wait(min(EXPIRE_EVERY, self._until_next_due()))
 
     def _tick(self) -> None:
         with self._dirty_lock:
@@ -212,6 +215,7 @@ class Leader:
                 self._reassign_orphans()
         self._promote_due()
         self._assign()
+        self._expire_results()
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -346,6 +350,22 @@ class Leader:
                 logger.info("job due job=%s queue=%s", node.split("-", 1)[1], queue)
             for queue in {queue for _, queue, _ in batch}:
                 self.pending[queue].sort()
+
+    def _expire_results(self) -> None:
+        """Delete finished records older than RESULT_TTL, a bucket at a time (kazoo has no
+        TTL nodes, so this is the leader's job)."""
+        now = time.monotonic()
+        ttl = self.store.options.result_ttl
+        if now - self._last_expiry < min(EXPIRE_EVERY, max(1.0, ttl / 10)):
+            return
+        self._last_expiry = now
+        before_ms = int((time.time() - self.store.options.result_ttl) * 1000)
+        try:
+            deleted = self.store.delete_finished(fence=self.fence, before_ms=before_ms)
+        except NoNodeError as exc:
+            raise LeadershipLost("fence check failed during expiry") from exc
+        if deleted:
+            logger.info("expired results count=%d", deleted)
 
     def _assign(self) -> None:
         plan = self.plan()

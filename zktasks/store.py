@@ -16,6 +16,7 @@ from kazoo.exceptions import (
     ConnectionLoss,
     NodeExistsError,
     NoNodeError,
+    NotEmptyError,
     OperationTimeoutError,
     RolledBackError,
     SessionExpiredError,
@@ -25,7 +26,14 @@ from . import records
 from .conf import Options
 from .exceptions import PayloadTooLarge, ZooKeeperUnavailableError
 from .records import StatusRecord
-from .tree import Layout, delayed_node_name, job_node_name
+from .tree import (
+    BUCKET_MS,
+    Layout,
+    delayed_node_name,
+    finished_bucket,
+    finished_entry,
+    job_node_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +65,7 @@ class Store:
         self.options = options
         self.layout = Layout(options.root)
         self._queues_made: set[str] = set()
+        self._buckets_made: set[str] = set()
         self._skeleton_made = False
 
     # -- plumbing ------------------------------------------------------------------
@@ -226,6 +235,7 @@ class Store:
         Return False when the write was refused: the result is stale and dropped.
         """
         requeue_path = self.waiting_path(final) if requeue else None
+        index_path = self.index_path(final) if final.is_finished else None
         assignment = self.layout.assignment(worker_id, job_id)
         status_path = self.layout.status(job_id)
         data = final.to_bytes()
@@ -235,6 +245,8 @@ class Store:
             txn.set_data(status_path, data, version=version)
             if requeue_path:
                 txn.create(requeue_path, records.dumps({"id": final.id, "task": final.task}))
+            if index_path:
+                txn.create(index_path, b"")
 
         def landed():
             return self._written(status_path, data)
@@ -246,6 +258,85 @@ class Store:
                            failed)
             return False
         return True
+
+    # -- the finished index -----------------------------------------------------------
+
+    def index_path(self, record: StatusRecord) -> str:
+        """Return the finished-index entry of a finished record, making its bucket."""
+        finished_ms = int(record.finished_at.timestamp() * 1000)
+        bucket = finished_bucket(finished_ms)
+        if bucket not in self._buckets_made:
+            self.retry(self.client.ensure_path, self.layout.finished_bucket(bucket))
+            self._buckets_made.add(bucket)
+            if len(self._buckets_made) > 64:  # keep the cache small: buckets only grow
+                self._buckets_made = {bucket}
+        return self.layout.finished_entry(bucket, finished_entry(record.id, record.state))
+
+    def buckets(self) -> list[str]:
+        """The finished index's buckets, oldest first."""
+        return sorted(b for b in self.children(self.layout.finished) if b.isdigit())
+
+    def recent_finished(self, limit: int, before: str | None = None) -> list[str]:
+        """Return ids of finished jobs, newest first, after the job id `before` if given."""
+        cutoff = None
+        if before is not None:
+            found = self.read_status(before)
+            if found is None or found.record.finished_at is None:
+                return []
+            cutoff = (finished_bucket(int(found.record.finished_at.timestamp() * 1000)),
+                      before)
+        ids: list[str] = []
+        for bucket in reversed(self.buckets()):
+            if cutoff and bucket > cutoff[0]:
+                continue
+            names = sorted(self.children(self.layout.finished_bucket(bucket)), reverse=True)
+            for name in names:
+                job_id = name.split(".", 1)[0]
+                if cutoff and bucket == cutoff[0] and job_id >= cutoff[1]:
+                    continue
+                ids.append(job_id)
+                if len(ids) >= limit:
+                    return ids
+        return ids
+
+    def delete_finished(self, *, fence: str | None = None, before_ms: int,
+                        states: tuple[str, ...] = ("S", "F")) -> int:
+        """Delete finished records whose bucket ended before `before_ms`; return the count.
+
+        Each batch is one multi (status record + index entry); the leader passes its
+        fence. An entry already gone (someone else purged it) is skipped, not fatal.
+        """
+        deleted = 0
+        for bucket in self.buckets():
+            if int(bucket) + BUCKET_MS > before_ms:
+                break
+            parent = self.layout.finished_bucket(bucket)
+            entries = [n for n in self.children(parent) if n.rsplit(".", 1)[-1] in states]
+            for start in range(0, len(entries), 50):
+                deleted += self._delete_entries(fence, bucket, entries[start:start + 50])
+            try:
+                self.client.delete(parent)  # fails while entries of other states remain
+            except (NoNodeError, NotEmptyError):
+                pass
+        return deleted
+
+    def _delete_entries(self, fence, bucket, entries) -> int:
+        def build(txn, entries=entries):
+            if fence:
+                txn.check(fence, -1)
+            for name in entries:
+                txn.delete(self.layout.status(name.split(".", 1)[0]))
+                txn.delete(self.layout.finished_entry(bucket, name))
+
+        results = self._commit_raw(build)
+        failed = failures(results)
+        if not failed:
+            return len(entries)
+        if fence and failed[0][0] == 0:
+            raise NoNodeError(f"fence {fence} is gone")
+        if len(entries) == 1:
+            return 0
+        return sum(self._delete_entries(fence, bucket, [e]) for e in entries)
 
     def drop_assignment(self, worker_id: str, job_id: str) -> None:
         try:

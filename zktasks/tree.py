@@ -28,6 +28,10 @@ LAYOUT = (
      "parent of the worker's assignments; the leader deletes it once the worker is gone"),
     ("{root}/assignments/{worker_id}/{job_id}", "PERSISTENT", "the leader",
      "one per job assigned to that worker; data: JSON queue, node, leader, assigned_at"),
+    ("{root}/finished/{bucket_ms}/{job_id}.{S|F}", "PERSISTENT",
+     "whoever records a final state (in the same multi)",
+     "index of finished jobs in 10-second buckets by finish time: result expiry, purge "
+     "and the dashboard's newest-first pages list buckets, never status/; no data"),
     ("{root}/status/{job_id}", "PERSISTENT", "submitters, workers, the leader",
      "the job's state record: JSON (payload and result inside are HMAC-signed dill)"),
 )
@@ -94,6 +98,18 @@ def parse_delayed_node(name: str) -> tuple[int, int, str, str] | None:
     return int(match.group(1)), 100 - int(match.group(2)), match.group(3), match.group(4)
 
 
+BUCKET_MS = 10_000
+
+
+def finished_bucket(finished_ms: int) -> str:
+    """Name the 10-second bucket of the finished index that holds a finish time."""
+    return f"{finished_ms - finished_ms % BUCKET_MS:013d}"
+
+
+def finished_entry(job_id: str, state: str) -> str:
+    return f"{job_id}.{'S' if state == 'SUCCESSFUL' else 'F'}"
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """Paths below one ROOT."""
@@ -118,6 +134,16 @@ class Layout:
 
     def delayed_job(self, name: str) -> str:
         return f"{self.delayed}/{name}"
+
+    @property
+    def finished(self) -> str:
+        return f"{self.root}/finished"
+
+    def finished_bucket(self, bucket: str) -> str:
+        return f"{self.finished}/{bucket}"
+
+    def finished_entry(self, bucket: str, entry: str) -> str:
+        return f"{self.finished}/{bucket}/{entry}"
 
     @property
     def assignments(self) -> str:
@@ -151,4 +177,4 @@ class Layout:
     def skeleton(self) -> tuple[str, ...]:
         """The persistent parents every process may assume once created."""
         return (self.leader, self.workers, self.jobs, self.delayed, self.assignments,
-                self.status_dir)
+                self.status_dir, self.finished)

@@ -177,6 +177,7 @@ class Worker:
         self._lost = False
         self._paused = False
         self._events.put(("assignments", None))
+        self._events.put(("own", None))
         self.registered.set()
         logger.info("worker registered worker=%s queues=%s concurrency=%d pool=%s",
                     worker_id, ",".join(self.queues) or "*", self.concurrency, self.pool_name)
@@ -215,6 +216,9 @@ class Worker:
         if self.leader is not None:
             self.leader.on_state(state)
 
+    def _on_own_znode(self, event) -> None:
+        self._events.put(("own", None))
+
     def _on_assignments(self, event) -> None:
         self._events.put(("assignments", event.type == EventType.NONE))
 
@@ -243,6 +247,8 @@ class Worker:
                 self._handle_state(value)
             elif kind == "assignments" and not self._lost and not self._paused:
                 self._read_assignments()
+            elif kind == "own" and not self._lost:
+                self._read_own_znode()
             elif kind == "finished":
                 pass
             if drain_deadline is not None:
@@ -280,6 +286,7 @@ class Worker:
                 self._paused = False
                 logger.info("ZooKeeper connection resumed worker=%s", self.worker_id)
                 self._events.put(("assignments", None))
+                self._events.put(("own", None))
             with self._cond:
                 self._cond.notify_all()
 
@@ -317,6 +324,21 @@ class Worker:
                 heapq.heappush(self._ready, _Queued((-record.priority, job_id), job_id,
                                                     found, worker_id))
                 self._cond.notify()
+
+    def _read_own_znode(self) -> None:
+        """Follow requests written to our worker znode (the dashboard's "drain")."""
+        try:
+            raw, _ = self.client.get(self.store.layout.worker(self.worker_id),
+                                     watch=self._on_own_znode)
+            data = json.loads(raw)
+        except TRANSIENT:
+            return  # re-read when the connection is back
+        except Exception:
+            logger.debug("own worker znode unreadable", exc_info=True)
+            return
+        if data.get("draining") and not self._draining:
+            logger.warning("drain requested through ZooKeeper worker=%s", self.worker_id)
+            self._events.put(("drain", None))
 
     def _begin_drain(self) -> None:
         """Stop taking work, tell the leader, hand back what has not started."""

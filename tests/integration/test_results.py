@@ -1,0 +1,75 @@
+"""Finished results: the index, expiry after RESULT_TTL, retry, purge; and drain requests."""
+
+import pytest
+from django.tasks import TaskResultStatus
+from django.tasks.exceptions import TaskResultDoesNotExist
+
+from tests import tasks
+from tests.conftest import zk_tasks_setting
+from tests.waiting import wait_for_children
+
+
+def test_recent_finished_lists_newest_first_with_a_cursor(backend, start_worker):
+    start_worker()
+    jobs = [tasks.add.submit(i, i) for i in range(5)]
+    for job in jobs:
+        job.wait(timeout=30)
+    finished = sorted(jobs, key=lambda j: (j.finished_at, j.id), reverse=True)
+    ids = backend.store.recent_finished(3)
+    assert set(ids) <= {j.id for j in jobs} and len(ids) == 3
+    rest = backend.store.recent_finished(10, before=ids[-1])
+    assert len(ids + rest) == 5 and not set(ids) & set(rest)
+    assert ids[0] in {finished[0].id, finished[1].id}
+
+
+def test_retry_sends_a_failed_job_back_for_one_more_attempt(backend, start_worker):
+    start_worker()
+    job = tasks.flaky.using(max_attempts=1).submit(2).wait(timeout=30)
+    assert job.status == TaskResultStatus.FAILED
+    assert backend.retry(job.id) is True
+    assert job.wait(timeout=30).status == TaskResultStatus.SUCCESSFUL
+    assert job.attempts == 2 and job.return_value == 2
+    assert backend.retry(job.id) is False  # not failed any more
+
+
+def test_purge_deletes_finished_records_by_state(backend, start_worker):
+    start_worker()
+    ok = tasks.add.submit(1, 1).wait(timeout=30)
+    bad = tasks.boom.submit("x").wait(timeout=30)
+    assert backend.purge(states=("FAILED",)) == 1
+    with pytest.raises(TaskResultDoesNotExist):
+        backend.get_result(bad.id)
+    assert backend.get_result(ok.id).return_value == 2
+    assert backend.purge() == 1
+    assert backend.store.recent_finished(10) == []
+
+
+@pytest.fixture
+def zk_settings(settings, zk_hosts, zk_root, monkeypatch, request):
+    """Overrides the suite's fixture for the expiry test: a one-second RESULT_TTL."""
+    ttl = getattr(request, "param", 86400)
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, RESULT_TTL=ttl)
+    monkeypatch.setenv("ZKTASKS_TEST_HOSTS", zk_hosts)
+    monkeypatch.setenv("ZKTASKS_TEST_ROOT", zk_root)
+    return settings
+
+
+@pytest.mark.parametrize("zk_settings", [1], indirect=True)
+def test_results_expire_after_result_ttl(backend, start_worker, zk_client):
+    start_worker()
+    job = tasks.add.submit(1, 2).wait(timeout=30)
+    layout = backend.store.layout
+    # The leader sweeps whole 10-second buckets once they are older than the TTL.
+    wait_for_children(zk_client, layout.status_dir, lambda c: job.id not in c, timeout=40)
+    with pytest.raises(TaskResultDoesNotExist):
+        tasks.add.get_result(job.id)
+    wait_for_children(zk_client, layout.finished, lambda c: c == [], timeout=20)
+
+
+def test_drain_requested_through_zookeeper_stops_the_worker(backend, start_worker, zk_client):
+    worker = start_worker()
+    assert tasks.add.submit(1, 1).wait(timeout=30).return_value == 2
+    assert backend.drain_worker(worker.worker_id) is True
+    assert worker.wait_stopped(30)
+    assert zk_client.get_children(backend.store.layout.workers) == []
+    assert backend.drain_worker("nobody") is False
