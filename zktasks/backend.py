@@ -157,11 +157,15 @@ class ZooKeeperBackend(BaseTaskBackend):
             timeout=getattr(task, "timeout", None),
             takes_context=task.takes_context,
             run_after=task.run_after,
+            unique_key=getattr(task, "unique_key", None),
             args_repr=serialization.short_repr(args, kwargs),
             payload=envelope.seal(blob, job_id=job_id, kind=envelope.PAYLOAD,
                                   key=conf.signing_key),
         )
-        self.store.submit(record)
+        holder = self.store.submit(record)
+        if holder is not None:
+            logger.info("unique key held key=%r job=%s", record.unique_key, holder)
+            return self.get_result(holder)
         result = self.build_result(record, task=task, args=list(args), kwargs=dict(kwargs))
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -302,11 +306,14 @@ class ZooKeeperBackend(BaseTaskBackend):
         status_path = store.layout.status(job_id)
         data = final.to_bytes()
         index = store.index_path(final)
+        cleanup = store.cleanup_paths(final)
         for waiting in candidates:
             def build(txn, waiting=waiting):
                 txn.delete(waiting)
                 txn.set_data(status_path, data, version=found.version)
                 txn.create(index, b"")
+                for path in cleanup:
+                    txn.delete(path)
 
             results = store.commit(build, landed=lambda: store._written(status_path, data))
             if not failures(results):

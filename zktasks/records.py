@@ -78,6 +78,7 @@ class StatusRecord:
     timeout: float | None = None
     takes_context: bool = False
     args_repr: str = ""
+    unique_key: str | None = None
     payload: dict | None = None    # signed envelope of the call (function, args, kwargs)
     result: dict | None = None     # signed envelope of the return value
     extra: dict = field(default_factory=dict)

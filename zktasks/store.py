@@ -134,8 +134,13 @@ class Store:
                 delayed_node_name(due_ms, record.priority, record.id, record.queue))
         return self.layout.job(record.queue, job_node_name(record.priority, record.id))
 
-    def submit(self, record: StatusRecord) -> None:
-        """Create the status record and the waiting job in one multi (idempotent)."""
+    def submit(self, record: StatusRecord) -> str | None:
+        """Create the status record and the waiting job in one multi (idempotent).
+
+        With a unique key the same multi creates the key's znode: if another job holds
+        the key, nothing is written and that job's id is returned (ZooKeeper's NodeExists
+        decides the race between web processes). Otherwise return None.
+        """
         status_path = self.layout.status(record.id)
         job_path = self.waiting_path(record)
         status_data = record.to_bytes()
@@ -144,30 +149,40 @@ class Store:
             "task": record.task,
             "enqueued_at": record.enqueued_at.isoformat() if record.enqueued_at else None,
         })
+        unique_path = self.layout.unique_key(record.unique_key) if record.unique_key else None
         self.check_size(record, len(status_data) + len(job_data))
         self.ensure_queue(record.queue)
 
         def build(txn):
             txn.create(status_path, status_data)
             txn.create(job_path, job_data)
+            if unique_path:
+                txn.create(unique_path, records.dumps({"job_id": record.id,
+                                                       "key": record.unique_key}))
 
         def landed():
             # The id is fresh and random: a status node with it can only be ours.
             return self.client.exists(status_path) is not None
 
-        for _ in range(3):
+        for _ in range(5):
             results = self.commit(build, landed=landed)
             failed = failures(results)
             if not failed:
-                return
+                return None
             index, error = failed[0]
             if index == 0 and isinstance(error, NodeExistsError):
-                return  # an earlier attempt, cut off by connection loss, landed
+                return None  # an earlier attempt, cut off by connection loss, landed
             if index == 1 and isinstance(error, NoNodeError):
                 # The queue's parent vanished (an operator deleted it): make it again.
                 self._queues_made.discard(record.queue)
                 self.ensure_queue(record.queue)
                 continue
+            if index == 2 and isinstance(error, NodeExistsError):
+                try:
+                    raw, _ = self.retry(self.client.get, unique_path)
+                    return records.loads(raw, path=unique_path)["job_id"]
+                except NoNodeError:
+                    continue  # the holder finished meanwhile: try again
             raise error
         raise ZooKeeperUnavailableError(f"Could not create job {record.id!r}; try again.")
 
@@ -239,6 +254,7 @@ class Store:
         assignment = self.layout.assignment(worker_id, job_id)
         status_path = self.layout.status(job_id)
         data = final.to_bytes()
+        cleanup = self.cleanup_paths(final) if final.is_finished else []
 
         def build(txn):
             txn.delete(assignment)
@@ -247,6 +263,8 @@ class Store:
                 txn.create(requeue_path, records.dumps({"id": final.id, "task": final.task}))
             if index_path:
                 txn.create(index_path, b"")
+            for path in cleanup:
+                txn.delete(path)
 
         def landed():
             return self._written(status_path, data)
@@ -258,6 +276,23 @@ class Store:
                            failed)
             return False
         return True
+
+    def cleanup_paths(self, record: StatusRecord) -> list[str]:
+        """The unique-key znode of a finishing job, if it still holds this job.
+
+        Deleted in the finishing multi, so the key is free exactly when the job is done.
+        (Cancel requests are swept by the leader: checking for one here would cost every
+        job a read.)
+        """
+        if not record.unique_key:
+            return []
+        path = self.layout.unique_key(record.unique_key)
+        try:
+            raw, _ = self.retry(self.client.get, path)
+        except NoNodeError:
+            return []
+        holder = records.loads(raw, path=path).get("job_id")
+        return [path] if holder == record.id else []
 
     # -- the finished index -----------------------------------------------------------
 

@@ -22,6 +22,8 @@ class ZkTask(Task):
     #                      (attempt, exception) -> seconds | None (None: do not retry)
     retry_on: tuple[type[BaseException], ...] | None = None  # None: retry on any exception
     timeout: float | None = None
+    unique_key: str | None = None  # a second submit while this key's job is unfinished
+    #                                returns that job's result instead of a new job
     by_value: bool | None = None  # None: decide from where the function lives
 
     def __post_init__(self):
@@ -52,6 +54,12 @@ class ZkTask(Task):
                 f"backoff is {self.backoff!r}; give seconds (>= 0) or a callable "
                 "(attempt, exception) -> seconds | None."
             )
+        if self.unique_key is not None and (
+            not isinstance(self.unique_key, str) or not self.unique_key
+        ):
+            raise InvalidTaskError(
+                f"unique_key is {self.unique_key!r}; give a non-empty string or None."
+            )
         if self.retry_on is not None:
             if isinstance(self.retry_on, type):
                 object.__setattr__(self, "retry_on", (self.retry_on,))
@@ -64,7 +72,8 @@ class ZkTask(Task):
         Task.__post_init__(self)
 
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
-              max_attempts=None, backoff=None, retry_on=_UNSET, timeout=_UNSET):
+              max_attempts=None, backoff=None, retry_on=_UNSET, timeout=_UNSET,
+              unique_key=_UNSET):
         """Return a copy with other defaults (Django's options plus zktasks' own)."""
         changed = Task.using(
             self, priority=priority, queue_name=queue_name, run_after=run_after,
@@ -79,6 +88,8 @@ class ZkTask(Task):
             extra["retry_on"] = retry_on
         if timeout is not _UNSET:
             extra["timeout"] = timeout
+        if unique_key is not _UNSET:
+            extra["unique_key"] = unique_key
         return replace(changed, **extra) if extra else changed
 
     def submit(self, *args, **kwargs):

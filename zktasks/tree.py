@@ -4,6 +4,7 @@ The table below is the contract operators, the dashboard and other code read
 (DESIGN.md, "ZooKeeper tree"). Only this module joins path segments.
 """
 
+import hashlib
 import re
 import secrets
 import threading
@@ -32,6 +33,12 @@ LAYOUT = (
      "whoever records a final state (in the same multi)",
      "index of finished jobs in 10-second buckets by finish time: result expiry, purge "
      "and the dashboard's newest-first pages list buckets, never status/; no data"),
+    ("{root}/unique/{sha256(unique_key)}", "PERSISTENT",
+     "submitters (with the job, in one multi); removed when the job finishes",
+     "JSON: job_id, key. Its existence makes a second submit with the key return the "
+     "first job (NodeExists decides the race between web processes)"),
+    ("{root}/cancel/{job_id}", "PERSISTENT", "result.cancel() of a job a worker holds",
+     "JSON: force, requested_at. The holding worker stops the job; removed when it ends"),
     ("{root}/status/{job_id}", "PERSISTENT", "submitters, workers, the leader",
      "the job's state record: JSON (payload and result inside are HMAC-signed dill)"),
 )
@@ -146,6 +153,21 @@ class Layout:
         return f"{self.finished}/{bucket}/{entry}"
 
     @property
+    def unique(self) -> str:
+        return f"{self.root}/unique"
+
+    def unique_key(self, key: str) -> str:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return f"{self.unique}/{digest}"
+
+    @property
+    def cancel(self) -> str:
+        return f"{self.root}/cancel"
+
+    def cancel_request(self, job_id: str) -> str:
+        return f"{self.cancel}/{job_id}"
+
+    @property
     def assignments(self) -> str:
         return f"{self.root}/assignments"
 
@@ -177,4 +199,4 @@ class Layout:
     def skeleton(self) -> tuple[str, ...]:
         """The persistent parents every process may assume once created."""
         return (self.leader, self.workers, self.jobs, self.delayed, self.assignments,
-                self.status_dir, self.finished)
+                self.status_dir, self.finished, self.unique, self.cancel)

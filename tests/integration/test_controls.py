@@ -112,3 +112,63 @@ def test_invalid_retry_options_are_refused(backend):
         zk_task(backoff=-1)(tasks.add.func)
     with pytest.raises(InvalidTaskError, match="retry_on"):
         zk_task(retry_on=("nope",))(tasks.add.func)
+
+
+def test_unique_key_returns_the_unfinished_job(backend, start_worker, zk_client):
+    first = tasks.add.using(unique_key="order-42").submit(1, 1)
+    again = tasks.add.using(unique_key="order-42").submit(9, 9)
+    assert again.id == first.id and again.args == [1, 1]
+    other = tasks.add.using(unique_key="order-43").submit(2, 2)
+    assert other.id != first.id
+    start_worker()
+    first.wait(timeout=30)
+    other.wait(timeout=30)
+    assert zk_client.get_children(backend.store.layout.unique) == []  # freed on finish
+    later = tasks.add.using(unique_key="order-42").submit(3, 3)
+    assert later.id != first.id
+    assert later.wait(timeout=30).return_value == 6
+
+
+def test_unique_key_race_between_processes_gives_one_job(backend, settings, zk_client):
+    """Several submitters, each with a ZooKeeper session of its own, race on one key."""
+    import threading
+
+    from zktasks.backend import ZooKeeperBackend
+    from zktasks.client import new_client, start
+    from zktasks.store import Store
+
+    class OwnSessionBackend(ZooKeeperBackend):
+        """Stands for another web process: its own session, not the shared client."""
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.client = start(new_client(self.conf), self.conf)
+
+        @property
+        def store(self):
+            return Store(self.client, self.conf)
+
+    ids, barrier = [], threading.Barrier(4)
+
+    def submit_as_another_process():
+        own = OwnSessionBackend("default", settings.TASKS["default"])
+        try:
+            barrier.wait(10)
+            ids.append(own.enqueue(tasks.add.using(unique_key="race"), (1, 2), {}).id)
+        finally:
+            own.client.stop()
+            own.client.close()
+
+    threads = [threading.Thread(target=submit_as_another_process) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(ids) == 4 and len(set(ids)) == 1
+    assert len(zk_client.get_children(backend.store.layout.status_dir)) == 1
+
+
+def test_cancel_frees_the_unique_key(backend):
+    first = tasks.add.using(unique_key="k").submit(1, 1)
+    assert first.cancel() is True
+    assert tasks.add.using(unique_key="k").submit(1, 1).id != first.id
