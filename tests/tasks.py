@@ -88,3 +88,41 @@ def stop_after_two(attempt, exc):
 @zk_task(max_attempts=5, backoff=stop_after_two)
 def always_fails():
     raise RuntimeError("again")
+
+
+@zk_task
+def until_cancelled(marker):
+    """Work until asked to stop, checking the cooperative flag."""
+    from zktasks import JobCancelled, cancel_requested
+
+    Path(marker).touch()
+    while not cancel_requested():
+        time.sleep(0.02)
+    raise JobCancelled("stopped on request")
+
+
+@zk_task
+def ignores_cancel(marker):
+    Path(marker).touch()
+    time.sleep(60)
+
+
+@zk_task(timeout=0.5)
+def cleans_up_on_timeout(marker):
+    from zktasks import TaskTimeout
+
+    try:
+        time.sleep(30)
+    except TaskTimeout:
+        Path(marker).touch()
+        raise
+
+
+async def _async_double(x):
+    import asyncio
+
+    await asyncio.sleep(0)
+    return 2 * x
+
+
+async_double = zk_task(_async_double)

@@ -22,6 +22,7 @@ from .exceptions import (
 __all__ = [
     "zk_task",
     "submit",
+    "cancel_requested",
     "ZkTask",
     "ZkTaskResult",
     "ZkTasksError",
@@ -43,6 +44,10 @@ __all__ = [
 def __getattr__(name):
     # zk_task and friends import django.tasks, which needs settings: load them on first
     # use so that `import zktasks` (and zktasks.testing) work before Django is set up.
+    if name == "cancel_requested":
+        from .context import cancel_requested
+
+        return cancel_requested
     if name in ("zk_task", "submit", "ZkTask", "ZkTaskResult"):
         from . import task
 

@@ -19,7 +19,7 @@ from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.inspect import get_func_args
-from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from . import envelope, records, serialization
 from .client import get_client
@@ -279,8 +279,14 @@ class ZooKeeperBackend(BaseTaskBackend):
                 )
             changed.wait(remaining if remaining is not None else 60.0)
 
-    def cancel(self, job_id: str) -> bool:
-        """Fail a job that no worker has taken yet; return False once it is assigned."""
+    def cancel(self, job_id: str, *, force: bool = False) -> bool:
+        """Cancel a job. Return True if it is cancelled now and will never run.
+
+        A job no worker holds is failed at once (JobCancelled). A job a worker holds is
+        asked to stop, and False is returned: the task sees `zktasks.cancel_requested()`
+        turn True (or, with force=True and the process pool, its task process is
+        terminated); a job not started yet on that worker never starts.
+        """
         store = self.store
         found = store.read_status(job_id)
         if found is None:
@@ -290,6 +296,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             return record.state == records.FAILED and any(
                 e.exception_class_path.endswith("JobCancelled") for e in record.errors)
         if record.state != records.READY:
+            self._request_cancel(store, job_id, force)
             return False
         exc = JobCancelled(f"Job {job_id!r} was cancelled before it ran.")
         final = record.evolve(
@@ -318,7 +325,19 @@ class ZooKeeperBackend(BaseTaskBackend):
             results = store.commit(build, landed=lambda: store._written(status_path, data))
             if not failures(results):
                 return True
-        return False  # taken by a worker meanwhile
+        # A worker holds it (assigned, maybe not started): ask that worker.
+        self._request_cancel(store, job_id, force)
+        return False
+
+    def _request_cancel(self, store: Store, job_id: str, force: bool) -> None:
+        path = store.layout.cancel_request(job_id)
+        data = records.dumps({"force": force, "requested_at": records.now().isoformat()})
+        store.ensure_skeleton()
+        try:
+            store.retry(store.client.create, path, data)
+        except NodeExistsError:
+            if force:
+                store.retry(store.client.set, path, data)
 
     def retry(self, job_id: str) -> bool:
         """Send a FAILED job back to pending for one more attempt; False if not FAILED."""

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from inspect import iscoroutinefunction
 
-from .exceptions import TaskProcessDied, TaskTimeout
+from .exceptions import JobCancelled, TaskProcessDied, TaskTimeout
 from .records import ErrorRecord
 
 logger = logging.getLogger(__name__)
@@ -42,23 +42,28 @@ class Outcome:
 
 def execute(execution: Execution) -> Outcome:
     """Load and call the job's function; never raises."""
-    from . import serialization
+    from . import context, serialization
     from .records import StatusRecord
 
     call = None
     record = None
+    context.begin(execution.job_id)
     try:
         call = serialization.load_call(execution.blob)
         record = StatusRecord.from_bytes(execution.record_json)
         args = call.args
         if record.takes_context:
             args = (_context(record, call.func, call.args, call.kwargs), *args)
-        if iscoroutinefunction(call.func):
-            from asgiref.sync import async_to_sync
+        _in_task.active = True
+        try:
+            if iscoroutinefunction(call.func):
+                from asgiref.sync import async_to_sync
 
-            value = async_to_sync(call.func)(*args, **call.kwargs)
-        else:
-            value = call.func(*args, **call.kwargs)
+                value = async_to_sync(call.func)(*args, **call.kwargs)
+            else:
+                value = call.func(*args, **call.kwargs)
+        finally:
+            _in_task.active = False
         return Outcome(ok=True, value_blob=serialization.dump_value(value))
     except BaseException as exc:  # a task's SystemExit is its failure, not ours
         delay = None
@@ -66,6 +71,7 @@ def execute(execution: Execution) -> Outcome:
             delay = retry_delay(call.policy, record.attempts, exc)
         return Outcome(ok=False, error=ErrorRecord.from_exception(exc), retry_delay=delay)
     finally:
+        context.end()
         try:
             from django.db import close_old_connections
 
@@ -74,8 +80,19 @@ def execute(execution: Execution) -> Outcome:
             logger.debug("closing database connections failed", exc_info=True)
 
 
+class _InTask(threading.local):
+    active = False
+
+
+_in_task = _InTask()
+
+
 def retry_delay(policy, attempt: int, exc: BaseException) -> float | None:
     """Ask the task's retry policy; a broken backoff callable means no retry."""
+    from .exceptions import JobCancelled
+
+    if isinstance(exc, JobCancelled):
+        return None  # cancelled means stop, not try again
     try:
         return policy.delay(attempt, exc)
     except Exception:
@@ -106,6 +123,15 @@ class ThreadRunner:
     def run(self, execution: Execution) -> Outcome:
         return execute(execution)
 
+    def cancel(self, job_id: str, *, force: bool = False) -> None:
+        from . import context
+
+        # A thread cannot be killed: the task sees the request through cancel_requested().
+        context.request_cancel(job_id)
+        if force:
+            logger.warning("force-cancel needs --pool process; job=%s was only asked to "
+                           "stop", job_id)
+
     def stop(self, *, force: bool = False) -> None:
         pass
 
@@ -125,21 +151,39 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child_main(conn, parent_pid: int) -> None:
+def _child_main(conn, parent_pid: int, cancel_flag) -> None:
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
     # Ctrl-C reaches the whole process group; the worker decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGALRM, _on_soft_timeout)
+    from . import context
+
+    context.bind_shared_flag(cancel_flag)
     import django
 
     django.setup()
     while True:
         try:
-            execution = conn.recv()
+            number, execution = conn.recv()
         except EOFError:
             return
-        conn.send(execute(execution))
+        context.set_current_run(number)
+        if execution.timeout:
+            signal.setitimer(signal.ITIMER_REAL, execution.timeout)
+        try:
+            outcome = execute(execution)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        conn.send(outcome)
+
+
+def _on_soft_timeout(signum, frame):
+    # The soft limit: raise inside the task so it can clean up; the worker kills the
+    # process if it has not stopped within the grace period after.
+    if _in_task.active:
+        raise TaskTimeout("The task ran past its time limit (soft limit: cleaning up).")
 
 
 class _Slot:
@@ -148,6 +192,10 @@ class _Slot:
         self.index = index
         self.process = None
         self.conn = None
+        self.job_id: str | None = None
+        self.cancelled = False
+        self.runs = 0
+        self.cancel_flag = ctx.Value("q", 0, lock=False)  # number of the run to stop
 
     def ensure(self) -> None:
         if self.process is not None and self.process.is_alive():
@@ -155,7 +203,8 @@ class _Slot:
         self.close()
         parent, child = self.ctx.Pipe()
         self.process = self.ctx.Process(
-            target=_child_main, args=(child, os.getpid()), name=f"zktasks-task-{self.index}",
+            target=_child_main, args=(child, os.getpid(), self.cancel_flag),
+            name=f"zktasks-task-{self.index}",
             daemon=True,
         )
         self.process.start()
@@ -164,21 +213,41 @@ class _Slot:
 
     def run(self, execution: Execution) -> Outcome:
         self.ensure()
+        hard_limit = None
+        if execution.timeout:
+            hard_limit = execution.timeout + max(1.0, execution.timeout * 0.1)
         try:
-            self.conn.send(execution)
-            if not self.conn.poll(execution.timeout):
+            self.conn.send((self.runs, execution))
+            if not self.conn.poll(hard_limit):
                 self.kill()
                 return _failure(TaskTimeout(
                     f"Job {execution.job_id!r} ran past its {execution.timeout:g}s time "
-                    "limit; its task process was killed."
+                    "limit and did not stop at the soft limit; its task process was killed."
                 ))
             return self.conn.recv()
         except (EOFError, OSError, BrokenPipeError):
             code = self._reap()
+            if self.cancelled:
+                return _failure(JobCancelled(
+                    f"Job {execution.job_id!r} was cancelled with force=True; its task "
+                    "process was terminated."
+                ))
             return _failure(TaskProcessDied(
                 f"The task process running job {execution.job_id!r} exited with "
                 f"{_describe_exit(code)} before reporting an outcome."
             ))
+        finally:
+            self.job_id = None
+
+    def cancel(self, *, force: bool) -> None:
+        process = self.process
+        if process is None or not process.is_alive():
+            return
+        if force:
+            self.cancelled = True
+            process.kill()
+        else:
+            self.cancel_flag.value = self.runs
 
     def _reap(self):
         if self.process is None:
@@ -225,6 +294,7 @@ class ProcessRunner:
         self.slots = [_Slot(self.ctx, i) for i in range(size)]
         self.free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._early_cancels: dict[str, bool] = {}
 
     def start(self) -> None:
         for slot in self.slots:
@@ -234,9 +304,26 @@ class ProcessRunner:
     def run(self, execution: Execution) -> Outcome:
         slot = self.free.get()
         try:
+            with self._lock:
+                force = self._early_cancels.pop(execution.job_id, None)
+                # Under the lock, so a cancel lands either here (early) or on this run.
+                slot.job_id, slot.cancelled = execution.job_id, False
+                slot.runs += 1
+            if force is not None:
+                return _failure(JobCancelled(
+                    f"Job {execution.job_id!r} was cancelled before its task started."))
             return slot.run(execution)
         finally:
             self.free.put(slot)
+
+    def cancel(self, job_id: str, *, force: bool = False) -> None:
+        with self._lock:
+            for slot in self.slots:
+                if slot.job_id == job_id:
+                    slot.cancel(force=force)
+                    return
+            # Not on a slot yet (between "started" and the hand-over): apply on arrival.
+            self._early_cancels[job_id] = force
 
     def stop(self, *, force: bool = False) -> None:
         for slot in self.slots:

@@ -366,6 +366,20 @@ class Leader:
             raise LeadershipLost("fence check failed during expiry") from exc
         if deleted:
             logger.info("expired results count=%d", deleted)
+        self._sweep_cancel_requests()
+
+    def _sweep_cancel_requests(self) -> None:
+        """Delete cancel requests whose job has finished or is gone (answered)."""
+        for job_id in self.store.children(self.layout.cancel):
+            try:
+                found = self.store.read_status(job_id)
+            except Exception:
+                found = None
+            if found is None or found.record.is_finished:
+                try:
+                    self.client.delete(self.layout.cancel_request(job_id))
+                except NoNodeError:
+                    pass
 
     def _assign(self) -> None:
         plan = self.plan()

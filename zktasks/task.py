@@ -158,9 +158,10 @@ class ZkTaskResult(TaskResult):
     def refresh(self):
         self._copy_from(self.task.get_backend().get_result(self.id))
 
-    def cancel(self) -> bool:
-        """Stop the job from running; return True if it will not run."""
-        cancelled = self.task.get_backend().cancel(self.id)
+    def cancel(self, *, force: bool = False) -> bool:
+        """Cancel the job: True if it will never run; False if its worker was asked to
+        stop it (cooperatively, or by terminating its task process with force=True)."""
+        cancelled = self.task.get_backend().cancel(self.id, force=force)
         self.refresh()
         return cancelled
 

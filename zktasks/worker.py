@@ -178,6 +178,7 @@ class Worker:
         self._paused = False
         self._events.put(("assignments", None))
         self._events.put(("own", None))
+        self._events.put(("cancels", None))
         self.registered.set()
         logger.info("worker registered worker=%s queues=%s concurrency=%d pool=%s",
                     worker_id, ",".join(self.queues) or "*", self.concurrency, self.pool_name)
@@ -219,6 +220,9 @@ class Worker:
     def _on_own_znode(self, event) -> None:
         self._events.put(("own", None))
 
+    def _on_cancels(self, event) -> None:
+        self._events.put(("cancels", None))
+
     def _on_assignments(self, event) -> None:
         self._events.put(("assignments", event.type == EventType.NONE))
 
@@ -249,6 +253,8 @@ class Worker:
                 self._read_assignments()
             elif kind == "own" and not self._lost:
                 self._read_own_znode()
+            elif kind == "cancels" and not self._lost:
+                self._read_cancels()
             elif kind == "finished":
                 pass
             if drain_deadline is not None:
@@ -287,6 +293,7 @@ class Worker:
                 logger.info("ZooKeeper connection resumed worker=%s", self.worker_id)
                 self._events.put(("assignments", None))
                 self._events.put(("own", None))
+                self._events.put(("cancels", None))
             with self._cond:
                 self._cond.notify_all()
 
@@ -324,6 +331,50 @@ class Worker:
                 heapq.heappush(self._ready, _Queued((-record.priority, job_id), job_id,
                                                     found, worker_id))
                 self._cond.notify()
+
+    def _read_cancels(self) -> None:
+        """Act on cancel requests for jobs this worker holds.
+
+        Every worker watches the cancel parent: requests are rare and short-lived (the
+        leader sweeps answered ones), so this cold znode is no herd.
+        """
+        layout = self.store.layout
+        try:
+            requested = set(self.store.children(layout.cancel, watch=self._on_cancels))
+        except TRANSIENT:
+            return
+        with self._cond:
+            mine = requested & self._known
+            queued = [q for q in self._ready if q.job_id in mine]
+            if queued:
+                self._ready = [q for q in self._ready if q.job_id not in mine]
+                heapq.heapify(self._ready)
+            running = [j for j in mine if j in self._running]
+        for item in queued:
+            self._cancel_queued(item)
+        for job_id in running:
+            force = self._cancel_force(job_id)
+            logger.warning("cancel requested job=%s force=%s", job_id, force)
+            self.runner.cancel(job_id, force=force)
+
+    def _cancel_force(self, job_id: str) -> bool:
+        try:
+            raw, _ = self.client.get(self.store.layout.cancel_request(job_id))
+            return bool(json.loads(raw).get("force"))
+        except Exception:
+            return False
+
+    def _cancel_queued(self, item: _Queued) -> None:
+        from .exceptions import JobCancelled
+
+        exc = JobCancelled(f"Job {item.job_id!r} was cancelled before it ran.")
+        record = item.found.record
+        final = record.evolve(state=records.FAILED, finished_at=records.now(), errors=(
+            *record.errors, ErrorRecord.from_exception(exc, worker_id=item.worker_id)))
+        if self.store.finish(item.worker_id, item.job_id, final, item.found.version):
+            logger.info("job cancelled job=%s (not started)", item.job_id)
+        with self._cond:
+            self._known.discard(item.job_id)
 
     def _read_own_znode(self) -> None:
         """Follow requests written to our worker znode (the dashboard's "drain")."""

@@ -109,7 +109,7 @@ def test_second_signal_stops_at_once_and_the_job_runs_again(backend, runworker, 
     [worker_id] = zk_client.get_children(backend.store.layout.workers)
     wait_for_data(zk_client, backend.store.layout.worker(worker_id), lambda d: d["draining"])
     first.send_signal(signal.SIGTERM)
-    assert first.wait(30) == 0
+    assert first.wait(30) == 0, first.log_path.read_text()[-3000:]
     record = wait_for_data(zk_client, backend.store.layout.status(job.id), lambda d: True)
     assert record["state"] != "FAILED"  # an operator's stop is not the job's failure
     runworker("--concurrency", "1", name="second")
@@ -118,3 +118,40 @@ def test_second_signal_stops_at_once_and_the_job_runs_again(backend, runworker, 
     assert result.return_value == "second time"
     assert result.attempts == 2
     assert result.errors[0].exception_class_path == "zktasks.exceptions.WorkerLost"
+
+
+def test_running_job_is_cancelled_cooperatively(backend, runworker, zk_client, tmp_path):
+    runworker("--concurrency", "1", name="coop")
+    wait_registered(zk_client, backend, 1)
+    marker = tmp_path / "started"
+    job = tasks.until_cancelled.submit(str(marker))
+    wait_for_data(zk_client, backend.store.layout.status(job.id),
+                  lambda d: d["state"] == "RUNNING")
+    assert job.cancel() is False  # a worker holds it: asked to stop
+    job.wait(timeout=30)
+    assert job.status == TaskResultStatus.FAILED
+    assert job.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
+    assert "stopped on request" in job.errors[-1].traceback
+    assert marker.exists()
+
+
+def test_force_cancel_terminates_the_task_process(backend, runworker, zk_client, tmp_path):
+    runworker("--concurrency", "1", name="force")
+    wait_registered(zk_client, backend, 1)
+    job = tasks.ignores_cancel.submit(str(tmp_path / "started"))
+    wait_for_data(zk_client, backend.store.layout.status(job.id),
+                  lambda d: d["state"] == "RUNNING")
+    job.cancel(force=True)
+    job.wait(timeout=30)
+    assert job.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
+    assert "terminated" in job.errors[-1].traceback
+    assert tasks.add.submit(1, 1).wait(timeout=30).return_value == 2  # the worker goes on
+
+
+def test_soft_time_limit_lets_the_task_clean_up(backend, runworker, zk_client, tmp_path):
+    runworker("--concurrency", "1", name="soft")
+    wait_registered(zk_client, backend, 1)
+    marker = tmp_path / "cleaned"
+    job = tasks.cleans_up_on_timeout.submit(str(marker)).wait(timeout=30)
+    assert job.errors[-1].exception_class_path == "zktasks.exceptions.TaskTimeout"
+    assert marker.exists()  # the task's own except-block ran

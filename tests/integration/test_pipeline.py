@@ -96,3 +96,8 @@ def test_max_attempts_reruns_a_failed_job_and_records_each_attempt(backend, star
     assert "failing attempt 3" in exhausted.errors[-1].traceback
     only_once = tasks.flaky.using(max_attempts=1).submit(2).wait(timeout=30)
     assert only_once.status == TaskResultStatus.FAILED and only_once.attempts == 1
+
+
+def test_async_task_runs_on_the_worker(backend, start_worker):
+    start_worker()
+    assert tasks.async_double.submit(21).wait(timeout=30).return_value == 42
