@@ -130,6 +130,11 @@ class ZooKeeperBackend(BaseTaskBackend):
     # -- enqueue ------------------------------------------------------------------------
 
     def enqueue(self, task, args, kwargs):
+        record, result = self.prepare(task, args, kwargs)
+        return self.write(record, result)
+
+    def prepare(self, task, args, kwargs):
+        """Validate and serialize a submission; raise on bad input; write nothing."""
         try:
             self.validate_task(task)
         except InvalidTask as exc:
@@ -162,12 +167,25 @@ class ZooKeeperBackend(BaseTaskBackend):
             payload=envelope.seal(blob, job_id=job_id, kind=envelope.PAYLOAD,
                                   key=conf.signing_key),
         )
+        self.store.check_size(record, len(record.to_bytes()))
+        result = self.build_result(record, task=task, args=list(args), kwargs=dict(kwargs))
+        return record, result
+
+    def write(self, record: StatusRecord, result):
+        """Write a prepared submission; return its result (or the unique key's holder)."""
         holder = self.store.submit(record)
         if holder is not None:
             logger.info("unique key held key=%r job=%s", record.unique_key, holder)
             return self.get_result(holder)
-        result = self.build_result(record, task=task, args=list(args), kwargs=dict(kwargs))
         task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def enqueue_on_commit(self, task, args, kwargs, *, using=None):
+        """Prepare now (bad input raises here); write when the transaction commits."""
+        from django.db import transaction
+
+        record, result = self.prepare(task, args, kwargs)
+        transaction.on_commit(lambda: self.write(record, result), using=using)
         return result
 
     # -- results -----------------------------------------------------------------------

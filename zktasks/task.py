@@ -96,6 +96,22 @@ class ZkTask(Task):
         """Queue the task; same as enqueue() (Django's name)."""
         return self.enqueue(*args, **kwargs)
 
+    def submit_on_commit(self, *args, **kwargs):
+        """Queue the task when the surrounding database transaction commits.
+
+        Bad input raises here and now. The returned result has the job's id, but the job
+        exists only once the transaction commits; after a rollback it never does.
+        Outside a transaction the job is queued at once. On a backend other than
+        ZooKeeperBackend, enqueue() is deferred with transaction.on_commit as it is.
+        """
+        backend = self.get_backend()
+        if hasattr(backend, "enqueue_on_commit"):
+            return backend.enqueue_on_commit(self, args, kwargs)
+        from django.db import transaction
+
+        transaction.on_commit(lambda: self.enqueue(*args, **kwargs))
+        return None
+
     async def asubmit(self, *args, **kwargs):
         return await self.aenqueue(*args, **kwargs)
 

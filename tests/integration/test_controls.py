@@ -172,3 +172,35 @@ def test_cancel_frees_the_unique_key(backend):
     first = tasks.add.using(unique_key="k").submit(1, 1)
     assert first.cancel() is True
     assert tasks.add.using(unique_key="k").submit(1, 1).id != first.id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submit_on_commit_waits_for_the_commit(backend, start_worker):
+    from django.db import transaction
+    from django.tasks.exceptions import TaskResultDoesNotExist
+
+    from zktasks import SerializationError
+
+    start_worker()
+    with transaction.atomic():
+        job = tasks.add.submit_on_commit(2, 5)
+        with pytest.raises(TaskResultDoesNotExist):
+            backend.get_result(job.id)  # nothing in ZooKeeper before the commit
+        with pytest.raises(SerializationError):
+            tasks.add.submit_on_commit((i for i in range(2)), 1)  # bad input: at once
+    assert job.wait(timeout=30).return_value == 7
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submit_on_commit_after_rollback_never_exists(backend):
+    from django.db import transaction
+    from django.tasks.exceptions import TaskResultDoesNotExist
+
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), transaction.atomic():
+        job = tasks.add.submit_on_commit(1, 1)
+        raise Abort
+    with pytest.raises(TaskResultDoesNotExist):
+        backend.get_result(job.id)
