@@ -11,7 +11,8 @@ each one ZooKeeper multi:
     finish  delete {root}/assign/{worker}/{id} + set {root}/status/{id}   (worker)
 
 plus one read of the status before starting. The assigner caps nothing (zktasks' leader
-assigns at most concurrency + prefetch jobs per worker at a time).
+assigns at most concurrency + prefetch jobs per worker at a time), and the worker lists its
+assignments again only when its runners are about to run out of work.
 
 `python -m bench.peer serve --hosts H --root R --threads 2` runs the assigner and the
 worker in one process until SIGTERM; bench/run.py imports PeerClient to submit and wait.
@@ -193,6 +194,11 @@ def serve(hosts: str, root: str, threads: int) -> int:
             for job_id in sorted(new):
                 ready.put(job_id)
             mine_changed.wait(1.0)
+            # Re-list our assignments only when the runners are about to run dry: each
+            # listing returns every job assigned to us, so listing on every change
+            # would cost O(backlog) per job.
+            while ready.qsize() > threads and not stop.is_set():
+                time.sleep(0.002)
     finally:
         stop.set()
         for thread in workers:

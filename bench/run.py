@@ -72,6 +72,14 @@ def machine_info(zk) -> dict:
     with contextlib.suppress(Exception):
         fs = subprocess.run(["df", "--output=fstype", str(zk.data_dir)], capture_output=True,
                             text=True, timeout=10).stdout.split()[-1]
+    commit = "unknown"
+    with contextlib.suppress(Exception):
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "zktasks"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.splitlines()
+        if dirty:
+            commit += f" + {len(dirty)} uncommitted file(s) in zktasks/"
     mem_kb = 0
     with contextlib.suppress(OSError):
         mem_kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())[1])
@@ -87,6 +95,7 @@ def machine_info(zk) -> dict:
         "java": java,
         "zk_data_fs": fs,
         "loadavg_start": Path("/proc/loadavg").read_text().split()[:3],
+        "zktasks_commit": commit,
     }
 
 
@@ -154,7 +163,8 @@ class Monitor:
         except NoNodeError:
             return []
 
-    def wait_workers(self, path: str, count: int, procs: list, deadline: float) -> list[str]:
+    def wait_workers(self, path: str, count: int, procs: list, deadline: float,
+                     interval: float = 0.1) -> list[str]:
         limit = time.monotonic() + deadline
         while True:
             for proc in procs:
@@ -165,7 +175,7 @@ class Monitor:
             if time.monotonic() > limit:
                 raise BenchError(f"only {len(found)} of {count} workers registered under "
                                  f"{path} within {deadline:.0f}s")
-            time.sleep(0.1)
+            time.sleep(interval)
 
     def wait_drained(self, queue_path: str, assignments_path: str, procs: list,
                      deadline: float) -> float:
@@ -183,6 +193,27 @@ class Monitor:
             for proc in procs:
                 proc.check_alive()
             time.sleep(POLL)
+
+    def warm_zookeeper(self, count: int) -> float:
+        """Give the server's JIT some work before anything is timed; return seconds."""
+        started = time.monotonic()
+        root = f"/bench-warmup-{secrets.token_hex(4)}"
+        self.client.ensure_path(root)
+        window = []
+        for i in range(count):
+            txn = self.client.transaction()
+            txn.create(f"{root}/n{i}", b"x" * 300)
+            txn.check(root, -1)
+            window.append(txn.commit_async())
+            window.append(self.client.get_children_async(root))
+            if len(window) >= 200:
+                for pending in window:
+                    pending.get(timeout=WAIT_TIMEOUT)
+                window = []
+        for pending in window:
+            pending.get(timeout=WAIT_TIMEOUT)
+        self.client.delete(root, recursive=True)
+        return time.monotonic() - started
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -227,6 +258,39 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
     except OSError:
         return "?"
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads) so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+class CpuMeter:
+    """CPU seconds used by the bench process, the worker trees and ZooKeeper."""
+
+    def __init__(self, zk, procs: list["Proc"]):
+        self.zk_pid = zk.pid
+        self.procs = procs
+
+    def sample(self) -> dict:
+        import resource
+
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        workers = sum(_cpu_seconds(pid) for proc in self.procs
+                      for pid in (proc.pid, *_descendants(proc.pid)))
+        return {"submitter": own.ru_utime + own.ru_stime, "workers": workers,
+                "zookeeper": _cpu_seconds(self.zk_pid) if self.zk_pid else 0.0}
+
+    @staticmethod
+    def per_job_ms(before: dict, after: dict, jobs: int) -> dict:
+        return {k: round((after[k] - before[k]) * 1000 / jobs, 3) for k in before}
 
 
 class Proc:
@@ -412,6 +476,8 @@ class Row:
     concurrency: int
     jobs: int
     submit_idle_per_s: float = 0.0
+    submit_zk_requests_per_job: float = 0.0
+    submit_cpu_ms_per_job: float = 0.0
     drain_per_s: float = 0.0
     drain_zk_requests_per_job: float = 0.0
     drain_zk_txns_per_job: float = 0.0
@@ -425,6 +491,8 @@ class Row:
     zk_sent_per_job: float = 0.0
     zk_txns_per_job: float = 0.0
     zk_fsyncs_per_job: float | None = None
+    cpu_ms_per_job: dict = field(default_factory=dict)
+    drain_cpu_ms_per_job: dict = field(default_factory=dict)
     zk_raw: dict = field(default_factory=dict)
     rss: list = field(default_factory=list)
     rss_main_mb: float = 0.0
@@ -440,22 +508,22 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def measure_phase(zk, monitor: Monitor, driver, procs, count: int,
-                  submit: bool) -> tuple[dict, list, float, float]:
-    """Optionally submit `count` jobs, wait until none is pending or assigned.
+class Phase:
+    """ZooKeeper counters and CPU meters between two instants of one scenario."""
 
-    Return (ZooKeeper counter delta, handles, submit seconds, epoch of the first submit).
-    """
-    before = zk_counters(zk)
-    polls_before = monitor.requests
-    t0 = time.time()
-    p0 = time.perf_counter()
-    handles = [driver.submit() for _ in range(count)] if submit else []
-    submit_s = time.perf_counter() - p0
-    monitor.wait_drained(driver.queue_path, driver.assignments_path, procs, DRAIN_DEADLINE)
-    after = zk_counters(zk)
-    delta = counter_delta(before, after, monitor.requests - polls_before)
-    return delta, handles, submit_s, t0
+    def __init__(self, zk, monitor: Monitor, procs: list["Proc"]):
+        self.zk = zk
+        self.monitor = monitor
+        self.meter = CpuMeter(zk, procs)
+        self.cpu = self.meter.sample()
+        self.counters = zk_counters(zk)
+        self.polls = monitor.requests
+
+    def end(self, jobs: int) -> dict:
+        after = zk_counters(self.zk)
+        delta = counter_delta(self.counters, after, self.monitor.requests - self.polls)
+        delta["cpu_ms_per_job"] = CpuMeter.per_job_ms(self.cpu, self.meter.sample(), jobs)
+        return delta
 
 
 def start_workers(sc: Scenario, zk, root: str, log_dir: Path) -> list["Proc"]:
@@ -495,18 +563,28 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         # 1. Backlog: submit with no worker running (nothing competes for the CPUs), then
         # start the workers and time how fast they drain it: the workers' own capacity,
         # which the streaming phase below cannot show when the submitter is slower.
+        phase = Phase(zk, monitor, [])
         p0 = time.perf_counter()
         backlog = [driver.submit() for _ in range(args.jobs)]
         row.submit_idle_per_s = args.jobs / (time.perf_counter() - p0)
+        delta = phase.end(args.jobs)
+        row.zk_raw["submit"] = delta
+        row.submit_zk_requests_per_job = delta["received"] / args.jobs
+        row.submit_cpu_ms_per_job = delta["cpu_ms_per_job"]["submitter"]
         started = time.monotonic()
         procs = start_workers(sc, zk, root, log_dir)
-        monitor.wait_workers(driver.workers_path, sc.workers, procs, START_DEADLINE)
-        print(f"   {sc.workers} worker(s) registered in {time.monotonic() - started:.1f}s; "
-              f"draining a backlog of {args.jobs}", flush=True)
         if args.profile:
             profilers = [Profiler(p, args.profile / f"{sc.name}-{i}-backlog.txt")
                          for i, p in enumerate(procs)]
-        delta, _, _, _ = measure_phase(zk, monitor, driver, procs, args.jobs, submit=False)
+        # Poll finely: counting starts at registration, and the leader assigns nothing
+        # before the worker registers (the peer's assigner starts after, too).
+        monitor.wait_workers(driver.workers_path, sc.workers, procs, START_DEADLINE,
+                             interval=0.005)
+        phase = Phase(zk, monitor, procs)
+        print(f"   {sc.workers} worker(s) registered in {time.monotonic() - started:.1f}s; "
+              f"draining a backlog of {args.jobs}", flush=True)
+        monitor.wait_drained(driver.queue_path, driver.assignments_path, procs, DRAIN_DEADLINE)
+        delta = phase.end(args.jobs)
         for profiler in profilers:
             profiler.stop()
         finished = sorted(driver.wait(h, WAIT_TIMEOUT).finished for h in backlog)
@@ -517,6 +595,7 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         row.drain_zk_requests_per_job = delta["received"] / args.jobs
         row.drain_zk_txns_per_job = delta["txns"] / args.jobs
         row.zk_raw["backlog"] = delta
+        row.drain_cpu_ms_per_job = delta["cpu_ms_per_job"]
         print(f"   backlog: submit (no workers) {row.submit_idle_per_s:.0f}/s, drained at "
               f"{row.drain_per_s:.0f} jobs/s", flush=True)
 
@@ -524,14 +603,20 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         if args.profile:
             profilers = [Profiler(p, args.profile / f"{sc.name}-{i}-stream.txt")
                          for i, p in enumerate(procs)]
-        delta, handles, submit_s, t0 = measure_phase(zk, monitor, driver, procs, args.jobs,
-                                                     submit=True)
+        phase = Phase(zk, monitor, procs)
+        t0 = time.time()
+        p0 = time.perf_counter()
+        handles = [driver.submit() for _ in range(args.jobs)]
+        submit_s = time.perf_counter() - p0
+        monitor.wait_drained(driver.queue_path, driver.assignments_path, procs, DRAIN_DEADLINE)
+        delta = phase.end(args.jobs)
         for profiler in profilers:
             profiler.stop()
         last = max(driver.wait(h, WAIT_TIMEOUT).finished for h in handles)
         row.submit_per_s = args.jobs / submit_s
         row.e2e_per_s = args.jobs / (last - t0)
         row.zk_raw["stream"] = delta
+        row.cpu_ms_per_job = delta["cpu_ms_per_job"]
         row.zk_requests_per_job = delta["received"] / args.jobs
         row.zk_sent_per_job = delta["sent"] / args.jobs
         row.zk_txns_per_job = delta["txns"] / args.jobs
@@ -594,7 +679,7 @@ class Profiler:
         self.out = out
         self._log = open(out.with_suffix(".log"), "wb")  # noqa: SIM115
         self.popen = subprocess.Popen(
-            [exe, "record", "--pid", str(proc.pid), "--subprocesses", "--rate", "250",
+            [exe, "record", "--pid", str(proc.pid), "--subprocesses", "--rate", "250", "--gil",
              "--format", "raw", "--output", str(out), "--nonblocking"],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
         time.sleep(0.5)  # let it attach
@@ -639,20 +724,42 @@ COLUMNS = (
 )
 
 
-def format_table(rows: list[Row]) -> str:
-    header = [title for title, _, _ in COLUMNS]
+DETAIL_COLUMNS = (
+    ("scenario", lambda r: r.scenario, "{}"),
+    ("submit/s idle", lambda r: r.submit_idle_per_s, "{:.0f}"),
+    ("req/submit", lambda r: r.submit_zk_requests_per_job, "{:.2f}"),
+    ("CPU ms/submit", lambda r: r.submit_cpu_ms_per_job, "{:.2f}"),
+    ("drain req/job", lambda r: r.drain_zk_requests_per_job, "{:.2f}"),
+    ("drain txn/job", lambda r: r.drain_zk_txns_per_job, "{:.2f}"),
+    ("CPU ms/job stream: submitter", lambda r: r.cpu_ms_per_job.get("submitter"), "{:.2f}"),
+    ("workers", lambda r: r.cpu_ms_per_job.get("workers"), "{:.2f}"),
+    ("ZK", lambda r: r.cpu_ms_per_job.get("zookeeper"), "{:.2f}"),
+    ("drain: workers", lambda r: r.drain_cpu_ms_per_job.get("workers"), "{:.2f}"),
+    ("ZK", lambda r: r.drain_cpu_ms_per_job.get("zookeeper"), "{:.2f}"),
+    ("lat p50 ms: queued", lambda r: r.latency_breakdown_ms.get("enqueued_to_started_p50"),
+     "{:.1f}"),
+    ("running", lambda r: r.latency_breakdown_ms.get("started_to_finished_p50"), "{:.1f}"),
+    ("notify", lambda r: r.latency_breakdown_ms.get("finished_to_waiter_p50"), "{:.1f}"),
+)
+
+
+def format_table(rows: list[Row], columns=None, left: int = 3) -> str:
+    if columns is None:
+        columns = [(title, (lambda r, a=attr: getattr(r, a)), fmt)
+                   for title, attr, fmt in COLUMNS]
+    header = [title for title, _, _ in columns]
     body = []
     for row in rows:
         cells = []
-        for _, attr, fmt in COLUMNS:
-            value = getattr(row, attr)
+        for _, get, fmt in columns:
+            value = get(row)
             cells.append("-" if value is None else fmt.format(value))
         body.append(cells)
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
 
     def line(cells):
-        return "  ".join(c.ljust(w) if i < 3 else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
 
     out = [line(header), "  ".join("-" * w for w in widths)]
     out += [line(cells) for cells in body]
@@ -660,12 +767,19 @@ def format_table(rows: list[Row]) -> str:
 
 
 def format_machine(info: dict) -> str:
+    load = f"load avg at start {' '.join(info['loadavg_start'])}"
+    if "loadavg_end" in info:
+        load += f", at end {' '.join(info['loadavg_end'])}"
+    fsync = ""
+    if "zk_avg_fsynctime" in info:
+        fsync = (f" (fsync avg {info['zk_avg_fsynctime']:g} ms, max "
+                 f"{info['zk_max_fsynctime']:g} ms over the run)")
     return "\n".join([
         f"machine:   {info['nproc']} CPUs ({info['cpu']}), {info['memory_gb']} GB RAM, "
-        f"Linux {info['kernel']}, load avg at start {' '.join(info['loadavg_start'])}",
+        f"Linux {info['kernel']}, {load}",
         f"software:  Python {info['python']}, Django {info['django']}, kazoo {info['kazoo']}, "
-        f"ZooKeeper {info['zookeeper']} ({info['java']}), ZK data on {info['zk_data_fs']} "
-        "with fsync on",
+        f"ZooKeeper {info['zookeeper']} ({info['java']}); zktasks at {info['zktasks_commit']}",
+        f"zookeeper: standalone, data on {info['zk_data_fs']}, fsync on{fsync}",
     ])
 
 
@@ -744,10 +858,16 @@ def main(argv=None) -> int:
         print(f"jobs per throughput run: {args.jobs}; latency samples: {args.latency}",
               flush=True)
         monitor = Monitor(zk.hosts)
+        warm = monitor.warm_zookeeper(2000 if args.quick else 5000)
+        print(f"ZooKeeper warmed up in {warm:.1f}s", flush=True)
         rows = []
         for sc in scenarios:
             rows.append(run_scenario(sc, zk, monitor, args, log_dir))
         info["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+        mntr = zk.four_letter_word("mntr")
+        for key in ("avg_fsynctime", "max_fsynctime", "cnt_fsynctime"):
+            if found := re.search(rf"^zk_{key}\s+(\S+)", mntr, re.M):
+                info[f"zk_{key}"] = float(found[1])
         print()
         print(format_machine(info))
         print(f"command:   .venv/bin/python bench/run.py {' '.join(sys.argv[1:])}".rstrip())
@@ -756,13 +876,16 @@ def main(argv=None) -> int:
         if any(r.scenario.startswith("peer") for r in rows):
             print("\npeer-raw-kazoo = raw kazoo, batched multis, no task execution "
                   "(bench/peer.py): the ZooKeeper floor for the same transitions.")
-        print("\nlatency breakdown (p50 ms: enqueued->started, started->finished, "
-              "finished->waiter woke):")
-        for r in rows:
-            b = r.latency_breakdown_ms
-            print(f"  {r.scenario:<20} {b.get('enqueued_to_started_p50', 0):7.2f} "
-                  f"{b.get('started_to_finished_p50', 0):7.2f} "
-                  f"{b.get('finished_to_waiter_p50', 0):7.2f}")
+        print("\ndetails: submit/s, ZooKeeper requests and CPU per submit with no worker "
+              "running; requests and\nwrite txns per job while draining that backlog; CPU ms "
+              "per job by process (streaming\nphase, then backlog drain); median latency split "
+              "into enqueued->started, started->finished,\nfinished->waiter woke.")
+        print(format_table(rows, DETAIL_COLUMNS, left=1))
+        if args.profile:
+            from bench.profile_summary import report
+
+            for path in sorted(args.profile.glob("*.txt")):
+                report(path, top=12)
         if args.json:
             payload = {"machine": info, "jobs": args.jobs, "latency_samples": args.latency,
                        "rows": [asdict(r) for r in rows]}

@@ -485,24 +485,25 @@ class Worker:
             return  # taken back (cancelled, or we were presumed dead): not ours to run
         logger.info("job started job=%s task=%s attempt=%d worker=%s", job_id, record.task,
                     running.attempts, worker_id)
-        self._send(task_started, running, blob)
+        call = self._load(blob, job_id)
+        self._send(task_started, running, call)
         outcome = self.runner.run(Execution(
             job_id=job_id, blob=blob, record_json=running.to_bytes(), timeout=record.timeout,
         ))
         if not outcome.ok and outcome.retry_delay is None and outcome.error.exception_class_path \
                 in ("zktasks.exceptions.TaskTimeout", "zktasks.exceptions.TaskProcessDied"):
             # The task process could not decide (killed or gone): decide here.
-            outcome = self._parent_side_retry(outcome, blob, running.attempts)
+            outcome = self._parent_side_retry(outcome, call, running.attempts)
         if self._stopping.is_set() and not outcome.ok:
             # Killed by a forced stop, not by its own doing: leave the assignment, so the
             # leader hands the job back once our session ends (at-least-once).
             logger.warning("job interrupted by stop job=%s; it will run again elsewhere",
                            job_id)
             return
-        self._finish(item, running, new_version, outcome, blob=blob)
+        self._finish(item, running, new_version, outcome, call=call)
 
     def _finish(self, item: _Queued, running: StatusRecord, version: int, outcome: Outcome,
-                *, blob: bytes | None = None) -> None:
+                *, call=None) -> None:
         worker_id, job_id = item.worker_id, item.job_id
         final, requeue = self._final_record(running, outcome, worker_id)
         recorded = self.store.finish(worker_id, job_id, final, version, requeue=requeue)
@@ -521,8 +522,8 @@ class Worker:
             logger.error("job failed job=%s task=%s worker=%s error=%s: %s", job_id,
                          final.task, worker_id, error and error.exception_class_path,
                          error and error.message)
-        if blob is not None:
-            self._send(task_finished, final, blob)
+        if call is not None:
+            self._send(task_finished, final, call)
 
     def _final_record(self, running: StatusRecord, outcome: Outcome, worker_id: str):
         """Return (record to write, whether the job goes back to pending for a retry)."""
@@ -553,16 +554,14 @@ class Worker:
             return running.evolve(state=records.READY, errors=errors, run_after=due), True
         return running.evolve(state=records.FAILED, finished_at=now, errors=errors), False
 
-    def _parent_side_retry(self, outcome: Outcome, blob: bytes, attempt: int) -> Outcome:
+    def _parent_side_retry(self, outcome: Outcome, call, attempt: int) -> Outcome:
         from . import exceptions
         from .executor import retry_delay
 
-        kind = getattr(exceptions, outcome.error.exception_class_path.rsplit(".", 1)[1])
-        try:
-            policy = serialization.load_call(blob).policy
-        except Exception:
+        if call is None:
             return outcome
-        delay = retry_delay(policy, attempt, kind(outcome.error.message))
+        kind = getattr(exceptions, outcome.error.exception_class_path.rsplit(".", 1)[1])
+        delay = retry_delay(call.policy, attempt, kind(outcome.error.message))
         return Outcome(ok=False, error=outcome.error, retry_delay=delay)
 
     def _fail_corrupt(self, worker_id: str, job_id: str, exc: Exception) -> None:
@@ -574,10 +573,24 @@ class Worker:
         )
         self.store.finish(worker_id, job_id, record, -1)
 
-    def _send(self, signal, record: StatusRecord, blob: bytes) -> None:
-        """Send a django.tasks signal after the state it reports was recorded."""
+    def _load(self, blob: bytes, job_id: str):
+        """Load a verified call once per job, for signals and the retry policy.
+
+        None if this process cannot load it (its code is importable only in task
+        processes, say): the job still runs there; only the signals are skipped.
+        """
         try:
-            call = serialization.load_call(blob)
+            return serialization.load_call(blob)
+        except Exception:
+            logger.warning("call not loadable in the worker process job=%s; signals skipped",
+                           job_id, exc_info=True)
+            return None
+
+    def _send(self, signal, record: StatusRecord, call) -> None:
+        """Send a django.tasks signal after the state it reports was recorded."""
+        if call is None:
+            return
+        try:
             task = self.backend._task_for(record, call.func)
             result = self.backend.build_result(record, task=task, args=list(call.args),
                                                kwargs=dict(call.kwargs))

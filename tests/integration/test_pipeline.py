@@ -101,3 +101,19 @@ def test_max_attempts_reruns_a_failed_job_and_records_each_attempt(backend, star
 def test_async_task_runs_on_the_worker(backend, start_worker):
     start_worker()
     assert tasks.async_double.submit(21).wait(timeout=30).return_value == 42
+
+
+def test_submit_costs_one_request_once_parents_exist(backend, zookeeper):
+    """The Store's memo of parents it made survives between submits (it did not: each
+    submit re-checked ten parents, 11 requests instead of 1)."""
+    import re
+
+    def received():
+        return int(re.search(r"Received: (\d+)", zookeeper.four_letter_word("srvr")).group(1))
+
+    tasks.add.submit(0, 0)  # makes the parents
+    before = received()
+    for i in range(20):
+        tasks.add.submit(i, i)
+    # 20 multis, plus slack for other sessions' pings while this runs.
+    assert received() - before <= 30
