@@ -142,7 +142,7 @@ class ZooKeeperBackend(BaseTaskBackend):
         record, result = self.prepare(task, args, kwargs)
         return self.write(record, result)
 
-    def prepare(self, task, args, kwargs):
+    def prepare(self, task, args, kwargs, *, job_id: str | None = None):
         """Validate and serialize a submission; raise on bad input; write nothing."""
         try:
             self.validate_task(task)
@@ -152,7 +152,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             raise InvalidTaskError(str(exc)) from exc
         from .tree import new_job_id
 
-        job_id = new_job_id()
+        job_id = job_id or new_job_id()
         blob = serialization.dump_call(
             task.func, args, kwargs, task_path=task.module_path,
             by_value=getattr(task, "by_value", None),

@@ -25,6 +25,7 @@ class Options:
     auth: str | None
     signing_key: str
     max_record_bytes: int
+    schedules: tuple = ()
 
     @property
     def client_key(self) -> tuple:
@@ -38,7 +39,7 @@ class Options:
         where = f"TASKS[{alias!r}]['OPTIONS']"
         known = {
             "HOSTS", "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "RESULT_TTL", "AUTH",
-            "SIGNING_KEY", "MAX_RECORD_BYTES",
+            "SIGNING_KEY", "MAX_RECORD_BYTES", "SCHEDULES",
         }
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -90,8 +91,11 @@ class Options:
                 f"{where}['MAX_RECORD_BYTES'] is {max_record!r}; keep it between 10000 and "
                 f"{0xFFFFF} (ZooKeeper's default jute.maxbuffer)."
             )
+        from .schedules import parse_schedules
+
         return cls(
             alias=alias,
+            schedules=parse_schedules(alias, raw.get("SCHEDULES")),
             hosts=hosts,
             root=root,
             session_timeout=float(session_timeout),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from kazoo.exceptions import (
     CancelledError,
     KazooException,
+    NodeExistsError,
     NoNodeError,
     NotEmptyError,
 )
@@ -81,6 +82,8 @@ class Leader:
         self.delayed: list[str] = []  # sorted names: the first is due first
         self.assignments_total = 0
         self._last_expiry = 0.0
+        self._next_ticks: dict[str, float] = {}
+        self._broken_schedules: set[str] = set()
 
     # -- election ----------------------------------------------------------------------
 
@@ -202,7 +205,8 @@ class Leader:
                 continue
             # Sleep until a watch fires, the next delayed job is due or the next expiry
             # sweep: no polling.
-            self.wake.wait(min(EXPIRE_EVERY, self._until_next_due()))
+            self.wake.wait(min(EXPIRE_EVERY, self._until_next_due(),
+                               self._until_next_tick()))
 
     def _tick(self) -> None:
         with self._dirty_lock:
@@ -214,6 +218,7 @@ class Leader:
             if "*" in dirty or "workers" in dirty:
                 self._reassign_orphans()
         self._promote_due()
+        self._run_schedules()
         self._assign()
         self._expire_results()
 
@@ -257,6 +262,78 @@ class Leader:
             return RECONCILE_EVERY
         due_ms = parse_delayed_node(self.delayed[0])[0]
         return max(0.0, due_ms / 1000 - time.time()) + 0.001
+
+    def _until_next_tick(self) -> float:
+        if not self._next_ticks:
+            return RECONCILE_EVERY
+        return max(0.0, min(self._next_ticks.values()) - time.time()) + 0.001
+
+    def _run_schedules(self) -> None:
+        """Submit one job for each schedule whose tick has come (missed ticks coalesce)."""
+        now = records.now()
+        for schedule in self.store.options.schedules:
+            next_at = self._next_ticks.get(schedule.name)
+            if next_at is not None and time.time() < next_at:
+                continue
+            try:
+                self._run_schedule(schedule, now)
+            except TRANSIENT:
+                raise
+            except LeadershipLost:
+                raise
+            except Exception as exc:  # a broken schedule must not stop the leader
+                if schedule.name not in self._broken_schedules:
+                    logger.error("schedule failed name=%s error=%r", schedule.name, exc)
+                self._broken_schedules.add(schedule.name)
+            self._next_ticks[schedule.name] = schedule.next_tick(now).timestamp()
+
+    def _run_schedule(self, schedule, now) -> None:
+        from datetime import datetime
+
+        path = self.layout.schedule(schedule.name)
+        try:
+            raw, stat = self.client.get(path)
+            last = datetime.fromisoformat(records.loads(raw, path=path)["last_tick"])
+            version = stat.version
+        except NoNodeError:
+            last, version = None, None
+        latest = schedule.latest_tick(now)
+        state = records.dumps({"last_tick": latest.isoformat()})
+        if last is None:
+            # A new schedule starts from now: record the current tick, run the next one.
+            try:
+                self.client.create(path, state)
+            except NodeExistsError:
+                pass
+            return
+        if latest <= last:
+            return
+        record = self._tick_record(schedule, latest)
+        results = self.store.submit_tick(self.fence, record, path, state, version)
+        failed = failures(results)
+        if not failed:
+            logger.info("schedule tick name=%s tick=%s job=%s", schedule.name,
+                        latest.isoformat(), record.id)
+            return
+        self._raise_if_fence(failed)
+        index, error = failed[0]
+        if index == 1 and isinstance(error, NodeExistsError):
+            # Already submitted by an earlier leader: advance the schedule only.
+            self.client.set(path, state, version=version if version is not None else -1)
+            return
+        logger.warning("schedule tick refused name=%s error=%r", schedule.name, error)
+
+    def _tick_record(self, schedule, tick):
+        from django.tasks import Task, task_backends
+        from django.utils.module_loading import import_string
+
+        backend = task_backends[self.store.options.alias]
+        target = import_string(schedule.task)
+        if not isinstance(target, Task):
+            target = backend.task_class(func=target, backend=backend.alias)
+        record, _ = backend.prepare(target, schedule.args, schedule.kwargs,
+                                    job_id=schedule.job_id(tick))
+        return record.evolve(extra={"schedule": schedule.name, "tick": tick.isoformat()})
 
     def _read_worker(self, view: WorkerView) -> None:
         path = self.layout.worker(view.worker_id)

@@ -409,6 +409,29 @@ class Store:
 
         return self._commit_raw(build)
 
+    def submit_tick(self, fence: str, record: StatusRecord, schedule_path: str,
+                    state: bytes, version: int | None) -> list:
+        """Create a schedule tick's job and advance the schedule, in one fenced multi.
+
+        The job id is derived from the tick, so a tick already submitted (by an earlier
+        leader) fails with NodeExists instead of running twice.
+        """
+        self.ensure_queue(record.queue)
+        status_data = record.to_bytes()
+        self.check_size(record, len(status_data))
+
+        def build(txn):
+            txn.check(fence, -1)
+            txn.create(self.layout.status(record.id), status_data)
+            txn.create(self.waiting_path(record),
+                       records.dumps({"id": record.id, "task": record.task}))
+            if version is None:
+                txn.create(schedule_path, state)
+            else:
+                txn.set_data(schedule_path, state, version=version)
+
+        return self._commit_raw(build)
+
     def promote(self, fence: str, names: Iterable[tuple[str, str, str]]) -> list:
         """Move due delayed jobs to their queue: names are (delayed_name, queue, job_node)."""
 

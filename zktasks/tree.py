@@ -39,6 +39,9 @@ LAYOUT = (
      "first job (NodeExists decides the race between web processes)"),
     ("{root}/cancel/{job_id}", "PERSISTENT", "result.cancel() of a job a worker holds",
      "JSON: force, requested_at. The holding worker stops the job; removed when it ends"),
+    ("{root}/schedules/{name}", "PERSISTENT", "the leader",
+     "JSON: last_tick (ISO time of the last tick that got its job); advanced in the same "
+     "multi that creates the tick's job"),
     ("{root}/status/{job_id}", "PERSISTENT", "submitters, workers, the leader",
      "the job's state record: JSON (payload and result inside are HMAC-signed dill)"),
 )
@@ -161,6 +164,13 @@ class Layout:
         return f"{self.unique}/{digest}"
 
     @property
+    def schedules(self) -> str:
+        return f"{self.root}/schedules"
+
+    def schedule(self, name: str) -> str:
+        return f"{self.schedules}/{name}"
+
+    @property
     def cancel(self) -> str:
         return f"{self.root}/cancel"
 
@@ -199,4 +209,4 @@ class Layout:
     def skeleton(self) -> tuple[str, ...]:
         """The persistent parents every process may assume once created."""
         return (self.leader, self.workers, self.jobs, self.delayed, self.assignments,
-                self.status_dir, self.finished, self.unique, self.cancel)
+                self.status_dir, self.finished, self.unique, self.cancel, self.schedules)

@@ -1,0 +1,70 @@
+"""Periodic schedules on a real ZooKeeper: one job per tick, across leader changes."""
+
+import pytest
+
+from tests.conftest import zk_tasks_setting
+from tests.waiting import wait_until
+from zktasks.records import StatusRecord
+
+SCHEDULES = {"beat": {"task": "tests.tasks.add", "every": 1, "args": [2, 3]}}
+
+
+@pytest.fixture
+def zk_settings(settings, zk_hosts, zk_root, monkeypatch):
+    """Overrides the suite's fixture: a schedule ticking every second."""
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES=SCHEDULES)
+    monkeypatch.setenv("ZKTASKS_TEST_HOSTS", zk_hosts)
+    monkeypatch.setenv("ZKTASKS_TEST_ROOT", zk_root)
+    return settings
+
+
+def tick_jobs(zk_client, backend):
+    layout = backend.store.layout
+    jobs = []
+    for job_id in zk_client.get_children(layout.status_dir):
+        record = StatusRecord.from_bytes(zk_client.get(layout.status(job_id))[0])
+        if record.extra.get("schedule") == "beat":
+            jobs.append(record)
+    return jobs
+
+
+def finished_ticks(zk_client, backend):
+    return [r for r in tick_jobs(zk_client, backend) if r.is_finished]
+
+
+def test_schedule_runs_one_job_per_tick(backend, start_worker, zk_client):
+    start_worker()
+    wait_until(lambda: len(finished_ticks(zk_client, backend)) >= 3, 30, "three ticks")
+    jobs = tick_jobs(zk_client, backend)
+    ticks = [r.extra["tick"] for r in jobs]
+    assert len(ticks) == len(set(ticks))  # never twice for one tick
+    assert all(r.attempts <= 1 for r in jobs)
+    done = [r for r in jobs if r.is_finished]
+    assert all(r.state == "SUCCESSFUL" for r in done)
+    assert backend.get_result(done[0].id).return_value == 5
+
+
+def test_schedule_survives_a_leader_change_without_doubling(backend, start_worker, zk_client):
+    first = start_worker(name="first")
+    wait_until(lambda: first.leader is not None and first.leader.is_leader, 15, "a leader")
+    wait_until(lambda: len(finished_ticks(zk_client, backend)) >= 2, 30, "two ticks")
+    first.stop(graceful=False)  # the leader dies across a tick
+    assert first.wait_stopped(15)
+    before = {r.id for r in tick_jobs(zk_client, backend)}
+    second = start_worker(name="second")
+    wait_until(lambda: len({r.id for r in finished_ticks(zk_client, backend)} - before) >= 2,
+               30, "two ticks under the new leader")
+    jobs = tick_jobs(zk_client, backend)
+    ticks = [r.extra["tick"] for r in jobs]
+    assert len(ticks) == len(set(ticks))
+    assert any(second.worker_id in r.worker_ids for r in jobs)
+
+
+def test_broken_schedule_does_not_stop_the_leader(settings, zk_hosts, zk_root, start_worker,
+                                                  monkeypatch):
+    from tests import tasks
+
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "broken": {"task": "tests.tasks.no_such_task", "every": 1}})
+    start_worker()
+    assert tasks.add.submit(1, 1).wait(timeout=30).return_value == 2

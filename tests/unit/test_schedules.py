@@ -1,0 +1,54 @@
+"""Cron parsing and tick arithmetic (pure)."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from zktasks.exceptions import ConfigurationError
+from zktasks.schedules import Cron, parse_schedules
+
+
+def at(*args):
+    return datetime(*args, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("expression,after,expected", [
+    ("*/15 * * * *", at(2026, 1, 1, 10, 7), at(2026, 1, 1, 10, 15)),
+    ("0 3 * * *", at(2026, 1, 1, 10, 7), at(2026, 1, 2, 3, 0)),
+    ("30 9 * * 1-5", at(2026, 11, 21, 10, 0), at(2026, 11, 23, 9, 30)),  # Sat -> Mon
+    ("0 0 1 * *", at(2026, 2, 15), at(2026, 3, 1)),
+    ("0 12 * * 0", at(2026, 11, 22, 12, 0), at(2026, 11, 29, 12, 0)),  # Sunday, strictly after
+    ("0 12 * * 7", at(2026, 11, 22, 11, 0), at(2026, 11, 22, 12, 0)),  # 7 is Sunday too
+])
+def test_cron_next_after(expression, after, expected):
+    assert Cron.parse(expression).next_after(after) == expected
+
+
+@pytest.mark.parametrize("bad", ["* * * *", "61 * * * *", "*/0 * * * *", "a b c d e"])
+def test_cron_rejects_bad_expressions(bad):
+    with pytest.raises((ValueError, TypeError)):
+        Cron.parse(bad)
+
+
+def test_every_ticks_and_deterministic_ids():
+    [schedule] = parse_schedules("default", {"beat": {"task": "m.f", "every": 10}})
+    now = at(2026, 1, 1, 0, 0, 25)
+    assert schedule.latest_tick(now) == at(2026, 1, 1, 0, 0, 20)
+    assert schedule.next_tick(now) == at(2026, 1, 1, 0, 0, 30)
+    tick = schedule.latest_tick(now)
+    assert schedule.job_id(tick) == schedule.job_id(tick) and len(schedule.job_id(tick)) == 32
+    assert schedule.job_id(tick) != schedule.job_id(schedule.next_tick(now))
+
+
+@pytest.mark.parametrize("raw,match", [
+    ({"x": {"task": "m.f"}}, "exactly one of"),
+    ({"x": {"task": "m.f", "every": 1, "cron": "* * * * *"}}, "exactly one of"),
+    ({"x": {"task": "m.f", "every": 0}}, "every"),
+    ({"x": {"task": "m.f", "cron": "bad"}}, "cron"),
+    ({"x": {"every": 5}}, "task"),
+    ({"bad/name": {"task": "m.f", "every": 5}}, "names"),
+    ({"x": {"task": "m.f", "every": 5, "typo": 1}}, "unknown keys"),
+])
+def test_schedule_settings_errors_are_clear(raw, match):
+    with pytest.raises(ConfigurationError, match=match):
+        parse_schedules("default", raw)

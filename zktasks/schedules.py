@@ -1,0 +1,154 @@
+"""Periodic schedules: parse them from settings and compute their ticks. Pure: no I/O.
+
+A schedule runs a task every N seconds or on a cron expression (5 fields, UTC). The
+leader (leader.py) turns each due tick into one job whose id is derived from the
+schedule's name and the tick's time, so two leaders (an old one paused, a new one) can
+never both run the same tick: the second create of that id fails with NodeExists.
+
+Missed ticks (no leader for a while) are coalesced: one job for the latest missed tick,
+then the schedule goes on from now, the way cron daemons and Celery beat's default do.
+"""
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from .exceptions import ConfigurationError
+
+_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12),
+           ("day of week", 0, 7))
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+
+
+def _parse_field(text: str, name: str, low: int, high: int) -> frozenset[int]:
+    values: set[int] = set()
+    for part in text.split(","):
+        step = 1
+        if "/" in part:
+            part, _, step_text = part.partition("/")
+            if not step_text.isdigit() or int(step_text) < 1:
+                raise ValueError(f"bad step {step_text!r} in the {name} field")
+            step = int(step_text)
+        if part == "*":
+            start, stop = low, high
+        elif "-" in part:
+            a, _, b = part.partition("-")
+            start, stop = int(a), int(b)
+        else:
+            start = stop = int(part)
+        if not (low <= start <= high and low <= stop <= high and start <= stop):
+            raise ValueError(f"{part!r} is outside {low}-{high} in the {name} field")
+        values.update(range(start, stop + 1, step))
+    if name == "day of week" and 7 in values:  # cron allows 7 for Sunday, like 0
+        values = (values - {7}) | {0}
+    return frozenset(values)
+
+
+@dataclass(frozen=True, slots=True)
+class Cron:
+    """A 5-field cron expression in UTC: minute hour day-of-month month day-of-week."""
+
+    expression: str
+    minutes: frozenset[int] = field(compare=False, default=frozenset())
+    hours: frozenset[int] = field(compare=False, default=frozenset())
+    days: frozenset[int] = field(compare=False, default=frozenset())
+    months: frozenset[int] = field(compare=False, default=frozenset())
+    weekdays: frozenset[int] = field(compare=False, default=frozenset())
+    any_day: bool = field(compare=False, default=True)
+    any_weekday: bool = field(compare=False, default=True)
+
+    @classmethod
+    def parse(cls, expression: str) -> "Cron":
+        parts = expression.split()
+        if len(parts) != 5:
+            raise ValueError(f"{expression!r} has {len(parts)} fields; cron needs 5")
+        sets = [_parse_field(p, *spec) for p, spec in zip(parts, _FIELDS, strict=True)]
+        return cls(expression, *sets, any_day=parts[2] == "*", any_weekday=parts[4] == "*")
+
+    def matches(self, when: datetime) -> bool:
+        weekday = (when.weekday() + 1) % 7  # cron: 0 is Sunday
+        if self.any_day or self.any_weekday:
+            day_ok = when.day in self.days and weekday in self.weekdays
+        else:  # both restricted: cron runs when either matches
+            day_ok = when.day in self.days or weekday in self.weekdays
+        return (when.minute in self.minutes and when.hour in self.hours
+                and when.month in self.months and day_ok)
+
+    def next_after(self, when: datetime) -> datetime:
+        """The first matching minute strictly after `when`."""
+        moment = when.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        for _ in range(366 * 24 * 60 * 5):  # a valid expression matches within 5 years
+            if self.matches(moment):
+                return moment
+            moment += timedelta(minutes=1)
+        raise ValueError(f"{self.expression!r} never matches")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    name: str
+    task: str                     # dotted path of a task (or plain function)
+    every: float | None = None    # seconds
+    cron: Cron | None = None
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    def next_tick(self, after: datetime) -> datetime:
+        """The first tick strictly after `after`."""
+        if self.cron is not None:
+            return self.cron.next_after(after)
+        period = self.every
+        epoch = after.timestamp()
+        return datetime.fromtimestamp((epoch // period + 1) * period, UTC)
+
+    def latest_tick(self, now: datetime) -> datetime:
+        """The latest tick at or before `now`."""
+        if self.cron is not None:
+            moment = now.replace(second=0, microsecond=0)
+            for _ in range(366 * 24 * 60 * 5):
+                if self.cron.matches(moment):
+                    return moment
+                moment -= timedelta(minutes=1)
+            raise ValueError(f"{self.cron.expression!r} never matches")
+        return datetime.fromtimestamp((now.timestamp() // self.every) * self.every, UTC)
+
+    def job_id(self, tick: datetime) -> str:
+        """The id of this tick's job: the same in every process, for every leader."""
+        tick_ms = int(tick.timestamp() * 1000)
+        digest = hashlib.sha256(self.name.encode()).hexdigest()[:16]
+        return f"{tick_ms:012x}ffff{digest}"
+
+
+def parse_schedules(alias: str, raw) -> tuple[Schedule, ...]:
+    """Read OPTIONS['SCHEDULES']: {name: {"task": path, "every": s | "cron": expr, ...}}."""
+    where = f"TASKS[{alias!r}]['OPTIONS']['SCHEDULES']"
+    if raw in (None, {}):
+        return ()
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"{where} must be a dict of name -> schedule.")
+    schedules = []
+    for name, spec in raw.items():
+        here = f"{where}[{name!r}]"
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise ConfigurationError(f"{here}: use letters, digits, '_', '-', '.' in names.")
+        if not isinstance(spec, dict) or not isinstance(spec.get("task"), str):
+            raise ConfigurationError(f"{here} needs 'task': the dotted path of a task.")
+        unknown = sorted(set(spec) - {"task", "every", "cron", "args", "kwargs"})
+        if unknown:
+            raise ConfigurationError(f"{here} has unknown keys {unknown!r}.")
+        every, cron = spec.get("every"), spec.get("cron")
+        if (every is None) == (cron is None):
+            raise ConfigurationError(f"{here} needs exactly one of 'every' and 'cron'.")
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int | float)
+                                  or every < 1):
+            raise ConfigurationError(f"{here}['every'] is {every!r}; give seconds (>= 1).")
+        try:
+            parsed = Cron.parse(cron) if cron is not None else None
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"{here}['cron'] is invalid: {exc}.") from exc
+        schedules.append(Schedule(
+            name=name, task=spec["task"], every=float(every) if every else None, cron=parsed,
+            args=tuple(spec.get("args") or ()), kwargs=dict(spec.get("kwargs") or {}),
+        ))
+    return tuple(schedules)
