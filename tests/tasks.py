@@ -126,3 +126,12 @@ async def _async_double(x):
 
 
 async_double = zk_task(_async_double)
+
+
+@zk_task
+def record_pid_and_wait(marker_dir, release):
+    """Write this task process's pid, then block until released."""
+    Path(marker_dir, "pid").write_text(str(os.getpid()))
+    while not os.path.exists(release):
+        time.sleep(0.02)
+    return os.getpid()

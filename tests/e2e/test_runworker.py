@@ -155,3 +155,26 @@ def test_soft_time_limit_lets_the_task_clean_up(backend, runworker, zk_client, t
     job = tasks.cleans_up_on_timeout.submit(str(marker)).wait(timeout=30)
     assert job.errors[-1].exception_class_path == "zktasks.exceptions.TaskTimeout"
     assert marker.exists()  # the task's own except-block ran
+
+
+def test_task_process_dies_with_its_worker(backend, runworker, zk_client, tmp_path):
+    from tests.waiting import wait_until
+
+    proc = runworker("--concurrency", "1", name="parent")
+    wait_registered(zk_client, backend, 1)
+    tasks.record_pid_and_wait.submit(str(tmp_path), str(tmp_path / "never"))
+    pid_file = tmp_path / "pid"
+    wait_until(pid_file.exists, 30, "the task to start")
+    task_pid = int(pid_file.read_text())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+
+    def gone():
+        # Dead, or a zombie nobody has reaped yet (it runs nothing any more).
+        try:
+            with open(f"/proc/{task_pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    wait_until(gone, 10, f"task process {task_pid} to die with its worker")
