@@ -23,13 +23,22 @@ def zk_tasks_setting(hosts: str, root: str, **options) -> dict:
     }
 
 
+def use_zookeeper(settings, monkeypatch, hosts: str, root: str, **options):
+    """Point TASKS (and runworker subprocesses, through the environment) at hosts/root.
+
+    Test modules that need another server or other options override `zk_settings` with
+    a fixture calling this.
+    """
+    settings.TASKS = zk_tasks_setting(hosts, root, **options)
+    monkeypatch.setenv("ZKTASKS_TEST_HOSTS", hosts)
+    monkeypatch.setenv("ZKTASKS_TEST_ROOT", root)
+    return settings
+
+
 @pytest.fixture
 def zk_settings(settings, zk_hosts, zk_root, monkeypatch):
     """Point the default task backend at a fresh root of the suite's ZooKeeper."""
-    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root)
-    monkeypatch.setenv("ZKTASKS_TEST_HOSTS", zk_hosts)
-    monkeypatch.setenv("ZKTASKS_TEST_ROOT", zk_root)
-    return settings
+    return use_zookeeper(settings, monkeypatch, zk_hosts, zk_root)
 
 
 @pytest.fixture

@@ -3,16 +3,13 @@
 import pytest
 
 from tests import tasks
-from tests.conftest import zk_tasks_setting
+from tests.conftest import use_zookeeper
 
 
 @pytest.fixture
 def zk_settings(settings, zk_ensemble, zk_root, monkeypatch):
     """Overrides the suite's fixture: the backend talks to the whole ensemble."""
-    settings.TASKS = zk_tasks_setting(zk_ensemble.hosts, zk_root)
-    monkeypatch.setenv("ZKTASKS_TEST_HOSTS", zk_ensemble.hosts)
-    monkeypatch.setenv("ZKTASKS_TEST_ROOT", zk_root)
-    return settings
+    return use_zookeeper(settings, monkeypatch, zk_ensemble.hosts, zk_root)
 
 
 def test_work_goes_on_when_the_ensemble_leader_dies(zk_settings, zk_ensemble, start_worker):

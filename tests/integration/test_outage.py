@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from tests import tasks
-from tests.conftest import zk_tasks_setting
+from tests.conftest import use_zookeeper
 from zktasks.testing import ZooKeeperServer
 
 
@@ -19,10 +19,7 @@ def own_server():
 @pytest.fixture
 def zk_settings(settings, own_server, zk_root, monkeypatch):
     """Overrides the suite's fixture: every task backend here uses this test's server."""
-    settings.TASKS = zk_tasks_setting(own_server.hosts, zk_root)
-    monkeypatch.setenv("ZKTASKS_TEST_HOSTS", own_server.hosts)
-    monkeypatch.setenv("ZKTASKS_TEST_ROOT", zk_root)
-    return settings
+    return use_zookeeper(settings, monkeypatch, own_server.hosts, zk_root)
 
 
 def test_submit_rides_out_a_server_restart(zk_settings, own_server, start_worker):

@@ -5,7 +5,7 @@ from django.tasks import TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 
 from tests import tasks
-from tests.conftest import zk_tasks_setting
+from tests.conftest import use_zookeeper
 from tests.waiting import wait_for_children
 
 
@@ -48,10 +48,7 @@ def test_purge_deletes_finished_records_by_state(backend, start_worker):
 def zk_settings(settings, zk_hosts, zk_root, monkeypatch, request):
     """Overrides the suite's fixture for the expiry test: a one-second RESULT_TTL."""
     ttl = getattr(request, "param", 86400)
-    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, RESULT_TTL=ttl)
-    monkeypatch.setenv("ZKTASKS_TEST_HOSTS", zk_hosts)
-    monkeypatch.setenv("ZKTASKS_TEST_ROOT", zk_root)
-    return settings
+    return use_zookeeper(settings, monkeypatch, zk_hosts, zk_root, RESULT_TTL=ttl)
 
 
 @pytest.mark.parametrize("zk_settings", [1], indirect=True)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import zk_tasks_setting
+from tests.conftest import use_zookeeper, zk_tasks_setting
 from tests.waiting import wait_until
 from zktasks.records import StatusRecord
 
@@ -12,10 +12,7 @@ SCHEDULES = {"beat": {"task": "tests.tasks.add", "every": 1, "args": [2, 3]}}
 @pytest.fixture
 def zk_settings(settings, zk_hosts, zk_root, monkeypatch):
     """Overrides the suite's fixture: a schedule ticking every second."""
-    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES=SCHEDULES)
-    monkeypatch.setenv("ZKTASKS_TEST_HOSTS", zk_hosts)
-    monkeypatch.setenv("ZKTASKS_TEST_ROOT", zk_root)
-    return settings
+    return use_zookeeper(settings, monkeypatch, zk_hosts, zk_root, SCHEDULES=SCHEDULES)
 
 
 def tick_jobs(zk_client, backend):
