@@ -50,6 +50,14 @@ class ZooKeeperBackend(BaseTaskBackend):
     supports_priority = True
 
     def __init__(self, alias, params):
+        queues = params.get("QUEUES")
+        if queues is not None and (isinstance(queues, str)
+                                   or not isinstance(queues, list | tuple | set | frozenset)):
+            # Django would make a set of its characters: fail clearly instead.
+            raise ConfigurationError(
+                f"TASKS[{alias!r}]['QUEUES'] is {queues!r}; give a list of queue names, "
+                "e.g. ['default', 'emails'] ([] accepts any name)."
+            )
         super().__init__(alias, params)
         self._params = params
         self._conf: Options | None = None

@@ -178,3 +178,14 @@ def test_task_process_dies_with_its_worker(backend, runworker, zk_client, tmp_pa
             return True
 
     wait_until(gone, 10, f"task process {task_pid} to die with its worker")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prefetch", "-1"], "must not be negative"),
+    (["--queues", "default,,emails"], "empty queue name"),
+    (["--backend", "nosuch"], "No task backend 'nosuch'"),
+])
+def test_runworker_explains_wrong_options(runworker, zk_settings, args, message):
+    proc = runworker(*args)
+    assert proc.wait(30) != 0
+    assert message in proc.log_path.read_text()

@@ -120,3 +120,11 @@ def test_dummy_backend_records_submissions(settings):
     result = tasks.add.submit(2, 3)
     assert result.status == TaskResultStatus.READY
     assert task_backends["default"].results[0].id == result.id
+
+
+def test_queues_given_as_a_string_is_a_clear_configuration_error(settings, zk_hosts, zk_root):
+    from zktasks import ConfigurationError
+
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, queues="default")
+    with pytest.raises(ConfigurationError, match="give a list of queue names"):
+        task_backends["default"]  # noqa: B018 - building the backend is the check

@@ -17,9 +17,11 @@ _LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBU
 
 
 def _queues(value: str) -> list[str]:
-    names = [q.strip() for q in value.split(",") if q.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("give at least one queue name, e.g. default,emails")
+    names = [q.strip() for q in value.split(",")]
+    if not names or not all(names):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} has an empty queue name; give names separated by commas, "
+            "e.g. default,emails")
     for name in names:
         if not QUEUE_RE.match(name):
             raise argparse.ArgumentTypeError(
@@ -35,6 +37,16 @@ def _positive_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
+    return number
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
     return number
 
 
@@ -70,7 +82,7 @@ class Command(BaseCommand):
                             help="worker name prefix shown in the dashboard (default: host-pid)")
         parser.add_argument("--no-leader", action="store_true",
                             help="never lead: only run jobs")
-        parser.add_argument("--prefetch", type=int, default=None,
+        parser.add_argument("--prefetch", type=_non_negative_int, default=None,
                             help="jobs assigned beyond --concurrency, waiting here (default: 1)")
         parser.add_argument("--drain-timeout", type=_seconds, default=30.0,
                             help="seconds to let running jobs finish on SIGTERM (default 30)")
@@ -85,7 +97,10 @@ class Command(BaseCommand):
         try:
             backend = task_backends[alias]
         except InvalidTaskBackend as exc:
-            raise CommandError(f"{exc}; check TASKS in your settings.") from exc
+            raise CommandError(
+                f"No task backend {alias!r}: {str(exc).rstrip('.')}; check TASKS in your "
+                "settings or --backend."
+            ) from exc
         from zktasks.backend import ZooKeeperBackend
 
         if not isinstance(backend, ZooKeeperBackend):
