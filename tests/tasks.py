@@ -135,3 +135,9 @@ def record_pid_and_wait(marker_dir, release):
     while not os.path.exists(release):
         time.sleep(0.02)
     return os.getpid()
+
+
+@zk_task
+def short_sleep(seconds):
+    time.sleep(seconds)
+    return seconds

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 BATCH = 100              # jobs per assignment multi (ops = 2 per job + the fence)
 RECONCILE_EVERY = 30.0   # seconds between full re-reads even when no watch fired
+RELIST_EVERY = 0.1       # seconds: the most often a queue with local work is re-listed
 EXPIRE_EVERY = 10.0      # seconds between sweeps of finished records past RESULT_TTL
 
 
@@ -83,6 +84,8 @@ class Leader:
         self.assignments_total = 0
         self._last_expiry = 0.0
         self._next_ticks: dict[str, float] = {}
+        self._listed_at: dict[str, float] = {}
+        self._deferred: set[str] = set()
         self._broken_schedules: set[str] = set()
 
     # -- election ----------------------------------------------------------------------
@@ -206,11 +209,13 @@ class Leader:
             # Sleep until a watch fires, the next delayed job is due or the next expiry
             # sweep: no polling.
             self.wake.wait(min(EXPIRE_EVERY, self._until_next_due(),
-                               self._until_next_tick()))
+                               self._until_next_tick(),
+                               RELIST_EVERY if self._deferred else RECONCILE_EVERY))
 
     def _tick(self) -> None:
         with self._dirty_lock:
-            dirty, self._dirty = self._dirty, set()
+            dirty, self._dirty = self._dirty | self._deferred, set()
+        self._deferred = set()
         if dirty:
             if "*" in dirty and not self._own_fence():
                 raise LeadershipLost("election znode gone")
@@ -247,11 +252,24 @@ class Leader:
                     dirty.add(f"q:{queue}")
             for queue in set(self.pending) - set(queues):
                 del self.pending[queue]
-        for queue in list(self.pending) + [k[2:] for k in dirty if k.startswith("q:")]:
-            if full or f"q:{queue}" in dirty:
-                watch = self._watch(f"q:{queue}")
-                names = self.store.children(self.layout.queue(queue), watch=watch)
-                self.pending[queue] = sorted(n for n in names if parse_job_node(n))
+        now = time.monotonic()
+        for queue in set(self.pending) | {k[2:] for k in dirty if k.startswith("q:")}:
+            if not (full or f"q:{queue}" in dirty):
+                continue
+            if (not full and self.pending.get(queue)
+                    and now - self._listed_at.get(queue, 0.0) < RELIST_EVERY):
+                # Our own assignment deletes fire this watch too. While the local view
+                # still holds jobs to hand out, re-listing a long queue after every batch
+                # costs O(backlog) per batch; defer it (new arrivals wait RELIST_EVERY
+                # at most). The event is kept, and a timer brings us back.
+                self._deferred.add(f"q:{queue}")
+                continue
+            watch = self._watch(f"q:{queue}")
+            names = self.store.children(self.layout.queue(queue), watch=watch)
+            known = set(self.pending.get(queue, ()))
+            fresh = [n for n in names if n in known or parse_job_node(n)]
+            self.pending[queue] = sorted(fresh)
+            self._listed_at[queue] = now
 
         if full or "delayed" in dirty:
             names = self.store.children(self.layout.delayed, watch=self._watch("delayed"))
@@ -490,6 +508,7 @@ class Leader:
             self.mark(f"a:{worker_id}")
         for q, n, w in batch:  # undo our optimistic view; the re-read gives the truth
             self.workers.get(w, WorkerView(w)).assigned.discard(n.split("-", 1)[1])
+            self._listed_at.pop(q, None)  # our view of q is wrong: re-list it now
             self.mark(f"q:{q}")
 
     def _raise_if_fence(self, failed) -> None:

@@ -204,3 +204,24 @@ def test_submit_on_commit_after_rollback_never_exists(backend):
         raise Abort
     with pytest.raises(TaskResultDoesNotExist):
         backend.get_result(job.id)
+
+
+def test_backlog_with_cancels_and_a_priority_arrival(backend, start_worker):
+    """The leader hands out a backlog from its local view between re-lists: jobs
+    cancelled meanwhile are refused cleanly, and a high-priority arrival still overtakes
+    most of the backlog."""
+    backlog = [tasks.short_sleep.submit(0.01) for _ in range(300)]
+    start_worker(concurrency=1, prefetch=0)
+    backlog[0].wait(timeout=30)  # draining has begun
+    cancelled = [job for job in backlog[100:200:2] if job.cancel()]
+    urgent = tasks.short_sleep.using(priority=100).submit(0)
+    urgent.wait(timeout=60)
+    for job in backlog:
+        job.wait(timeout=120)
+    cancelled_ids = {job.id for job in cancelled}
+    assert cancelled, "the backlog drained before any cancel"
+    assert all(job.worker_ids == [] for job in cancelled)
+    done = [job for job in backlog if job.id not in cancelled_ids]
+    assert all(job.status == TaskResultStatus.SUCCESSFUL for job in done)
+    later = [job for job in done if job.finished_at > urgent.finished_at]
+    assert len(later) >= 100  # it did not wait for the backlog
