@@ -62,7 +62,7 @@ FIND_PYTHON = \
     echo "  or point at one: make venv PYTHON=/path/to/python3.12"; } >&2; \
   exit 1
 
-.PHONY: help python venv zookeeper test lint demo bench clean
+.PHONY: chromium help python venv zookeeper test lint demo bench clean
 
 help: ## List the targets
 	@echo "zktasks - make targets:"
@@ -101,7 +101,20 @@ zookeeper: venv ## Make sure ZooKeeper and Java are installed (apt-get as root o
 	fi
 	@$(VPY) -c '$(ZK_CHECK)'
 
-test: venv zookeeper ## Lint, Django checks, migrations check, then pytest (PYTEST_ARGS=...)
+chromium: ## Make sure Debian's Chromium is installed for the dashboard's browser tests
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "/usr/bin/chromium is missing: apt-get install -y chromium chromium-driver"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get -o DPkg::Lock::Timeout=300 update; \
+	    apt-get -o DPkg::Lock::Timeout=300 install -y chromium chromium-driver; \
+	  else \
+	    echo "The browser tests need Debian's Chromium: sudo apt-get install -y chromium chromium-driver" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
+test: venv zookeeper chromium ## Lint, Django checks, migrations check, then pytest (PYTEST_ARGS=...)
 	$(VENV)/bin/ruff check .
 	$(DJANGO_ENV) $(VPY) manage.py check
 	$(DJANGO_ENV) $(VPY) manage.py makemigrations --check --dry-run

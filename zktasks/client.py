@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _clients: dict[tuple, KazooClient] = {}
+_key_locks: dict[tuple, threading.Lock] = {}
 _pid = os.getpid()
 
 
@@ -59,7 +60,11 @@ def start(client: KazooClient, options: Options) -> KazooClient:
 
 
 def get_client(options: Options) -> KazooClient:
-    """Return this process's started client for `options`' connection key."""
+    """Return this process's started client for `options`' connection key.
+
+    Connecting can take up to CONNECT_TIMEOUT: it happens under a lock of its own key,
+    so one unreachable ensemble does not stall callers of other keys.
+    """
     global _pid
     key = options.client_key
     with _lock:
@@ -67,11 +72,19 @@ def get_client(options: Options) -> KazooClient:
             # Inherited from the parent: its threads are gone here. Drop without closing,
             # which would touch the parent's session.
             _clients.clear()
+            _key_locks.clear()
             _pid = os.getpid()
         client = _clients.get(key)
+        if client is not None:
+            return client
+        key_lock = _key_locks.setdefault(key, threading.Lock())
+    with key_lock:
+        with _lock:
+            client = _clients.get(key)
         if client is None:
             client = start(new_client(options), options)
-            _clients[key] = client
+            with _lock:
+                _clients[key] = client
         return client
 
 

@@ -250,10 +250,13 @@ class _Slot:
             self.cancel_flag.value = self.runs
 
     def _reap(self):
-        if self.process is None:
+        # The runner thread (after EOF) and a forced stop (from the main thread) may both
+        # reap: work on a local reference, never on the attribute the other one clears.
+        process = self.process
+        if process is None:
             return None
-        self.process.join(5)
-        code = self.process.exitcode
+        process.join(5)
+        code = process.exitcode
         self.close()
         return code
 

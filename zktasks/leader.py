@@ -101,7 +101,15 @@ class Leader:
             self._release()
             return False
         self.fence = self.layout.election_node(self.lock.node)
-        return self._own_fence()
+        if not self._own_fence():
+            return False
+        try:
+            # Stamp the election znode: its mtime then says since when we lead (the
+            # dashboard shows it); the fence checks existence, not this version.
+            self.client.set(self.fence, self.identity.encode())
+        except KazooException:
+            return False
+        return True
 
     def _own_fence(self) -> bool:
         """Confirm the election znode exists and belongs to our current session."""

@@ -33,6 +33,7 @@ from .tree import (
     finished_bucket,
     finished_entry,
     job_node_name,
+    parse_finished_entry,
 )
 
 logger = logging.getLogger(__name__)
@@ -305,7 +306,8 @@ class Store:
             self._buckets_made.add(bucket)
             if len(self._buckets_made) > 64:  # keep the cache small: buckets only grow
                 self._buckets_made = {bucket}
-        return self.layout.finished_entry(bucket, finished_entry(record.id, record.state))
+        return self.layout.finished_entry(
+            bucket, finished_entry(record.id, record.state, record.queue))
 
     def buckets(self) -> list[str]:
         """The finished index's buckets, oldest first."""
@@ -326,7 +328,10 @@ class Store:
                 continue
             names = sorted(self.children(self.layout.finished_bucket(bucket)), reverse=True)
             for name in names:
-                job_id = name.split(".", 1)[0]
+                parsed = parse_finished_entry(name)
+                if parsed is None:
+                    continue
+                job_id = parsed[0]
                 if cutoff and bucket == cutoff[0] and job_id >= cutoff[1]:
                     continue
                 ids.append(job_id)
@@ -346,7 +351,8 @@ class Store:
             if int(bucket) + BUCKET_MS > before_ms:
                 break
             parent = self.layout.finished_bucket(bucket)
-            entries = [n for n in self.children(parent) if n.rsplit(".", 1)[-1] in states]
+            entries = [n for n in self.children(parent)
+                       if (parsed := parse_finished_entry(n)) and parsed[1] in states]
             for start in range(0, len(entries), 50):
                 deleted += self._delete_entries(fence, bucket, entries[start:start + 50])
             try:
@@ -360,7 +366,7 @@ class Store:
             if fence:
                 txn.check(fence, -1)
             for name in entries:
-                txn.delete(self.layout.status(name.split(".", 1)[0]))
+                txn.delete(self.layout.status(parse_finished_entry(name)[0]))
                 txn.delete(self.layout.finished_entry(bucket, name))
 
         results = self._commit_raw(build)

@@ -29,7 +29,7 @@ LAYOUT = (
      "parent of the worker's assignments; the leader deletes it once the worker is gone"),
     ("{root}/assignments/{worker_id}/{job_id}", "PERSISTENT", "the leader",
      "one per job assigned to that worker; data: JSON queue, node, leader, assigned_at"),
-    ("{root}/finished/{bucket_ms}/{job_id}.{S|F}", "PERSISTENT",
+    ("{root}/finished/{bucket_ms}/{job_id}.{S|F}.{queue}", "PERSISTENT",
      "whoever records a final state (in the same multi)",
      "index of finished jobs in 10-second buckets by finish time: result expiry, purge "
      "and the dashboard's newest-first pages list buckets, never status/; no data"),
@@ -116,8 +116,21 @@ def finished_bucket(finished_ms: int) -> str:
     return f"{finished_ms - finished_ms % BUCKET_MS:013d}"
 
 
-def finished_entry(job_id: str, state: str) -> str:
-    return f"{job_id}.{'S' if state == 'SUCCESSFUL' else 'F'}"
+def finished_entry(job_id: str, state: str, queue: str) -> str:
+    """Name an index entry: the job, its final state (S or F) and its queue, so counts by
+    state and queue need no reads."""
+    return f"{job_id}.{'S' if state == 'SUCCESSFUL' else 'F'}.{queue}"
+
+
+def parse_finished_entry(name: str) -> tuple[str, str, str | None] | None:
+    """Return (job_id, "S" or "F", queue) of an index entry, or None for a foreign name.
+
+    The queue is None in entries written before it was part of the name.
+    """
+    parts = name.split(".", 2)
+    if len(parts) < 2 or parts[1] not in ("S", "F") or not is_job_id(parts[0]):
+        return None
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else None
 
 
 @dataclass(frozen=True, slots=True)
