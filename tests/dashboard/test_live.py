@@ -1,0 +1,136 @@
+"""The live endpoint is fed by watches: polls read nothing, a change reads only its path."""
+
+import threading
+
+import pytest
+
+from tests import tasks
+from tests.dashboard.conftest import url
+from tests.waiting import wait_until
+from zktasks import dashboard
+
+READS = ("get", "get_children", "exists", "get_async", "get_children_async", "exists_async")
+
+
+@pytest.fixture
+def reads(backend, monkeypatch):
+    """Record every read of the dashboard's shared client: (method, path, thread name)."""
+    client = dashboard.connect(backend.conf)
+    calls = []
+
+    def spy(name, method):
+        def call(path, *args, **kwargs):
+            calls.append((name, path, threading.current_thread().name))
+            return method(path, *args, **kwargs)
+        return call
+
+    for name in READS:
+        monkeypatch.setattr(client, name, spy(name, getattr(client, name)))
+    return calls
+
+
+def poll(client):
+    response = client.get(url("zktasks_live"))
+    assert response.status_code == 200
+    return response.json()
+
+
+def settle(client, predicate, message):
+    seen = {}
+
+    def check():
+        seen["data"] = poll(client)
+        return predicate(seen["data"])
+
+    wait_until(check, 20, message)
+    return seen["data"]
+
+
+def test_polls_read_nothing_while_nothing_changes(admin_client, backend, start_worker, reads):
+    start_worker()
+    for i in range(3):
+        tasks.add.submit(i, i).wait(timeout=30)
+    settle(admin_client, lambda d: d["totals"]["succeeded"] == 3 and d["leader"], "settled")
+    state = dashboard.live_state(backend)
+    wait_until(lambda: not state._dirty, 10, "no unread marks")
+    reads.clear()
+    for _ in range(25):
+        assert poll(admin_client)["totals"]["succeeded"] == 3
+    assert reads == []
+
+
+def test_a_change_reads_only_the_path_that_changed(admin_client, backend, reads):
+    tasks.add.submit(1, 1)
+    settle(admin_client, lambda d: d["totals"]["pending"] == 1, "first job seen")
+    state = dashboard.live_state(backend)
+    wait_until(lambda: not state._dirty, 10, "no unread marks")
+    reads.clear()
+    tasks.add.submit(2, 2)  # the submitter reads nothing through this client's spies
+    reads.clear()
+    settle(admin_client, lambda d: d["totals"]["pending"] == 2, "second job seen")
+    layout = backend.store.layout
+    listed = {path for name, path, _ in reads if name.startswith("get_children")}
+    assert listed == {layout.queue("default")}, reads
+
+
+def test_reads_happen_on_the_live_thread_never_in_watch_callbacks(admin_client, backend,
+                                                                  start_worker, reads):
+    start_worker()
+    for i in range(5):
+        tasks.add.submit(i, 1).wait(timeout=30)
+    settle(admin_client, lambda d: d["totals"]["succeeded"] == 5, "counts")
+    # MainThread: this test's own submit() and wait(); kazoo's threads: never.
+    threads = {thread for _, _, thread in reads}
+    assert "zktasks-dashboard-live" in threads
+    assert threads <= {"MainThread", "zktasks-dashboard-live"}, threads
+
+
+def test_watch_callbacks_only_mark(backend):
+    """A callback runs on kazoo's event thread: it must neither read nor block."""
+    from kazoo.protocol.states import EventType, WatchedEvent
+
+    state = dashboard.live_state(backend)
+
+    class Refuse:
+        connected = True
+
+        def __getattr__(self, name):
+            raise AssertionError(f"a watch callback called client.{name}")
+
+    real, state.client = state.client, Refuse()
+    try:
+        state._stop.set()  # keep the live thread from reading through the refusing client
+        state._watcher("q:default")(WatchedEvent(EventType.CHILD, 3, "/x"))
+        state._watcher("workers")(WatchedEvent(EventType.NONE, 3, None))
+        assert {"q:default", "*"} <= state._dirty
+    finally:
+        state.client = real
+
+
+def test_a_burst_of_changes_is_read_a_few_times_not_once_each(admin_client, backend, reads):
+    tasks.add.submit(0, 0)
+    settle(admin_client, lambda d: d["totals"]["pending"] == 1, "first job seen")
+    reads.clear()
+    for i in range(150):
+        tasks.add.submit(i, 1)
+    settle(admin_client, lambda d: d["totals"]["pending"] == 151, "the burst seen")
+    queue = backend.store.layout.queue("default")
+    lists = [r for r in reads if r[1] == queue and r[2] == "zktasks-dashboard-live"]
+    assert 1 <= len(lists) <= 10, len(lists)
+
+
+def test_an_idle_cache_reads_nothing_until_polled_again(admin_client, backend, reads,
+                                                        monkeypatch):
+    monkeypatch.setattr(dashboard.LiveState, "IDLE_AFTER", 0.3)
+    tasks.add.submit(0, 0)
+    settle(admin_client, lambda d: d["totals"]["pending"] == 1, "first job seen")
+    state = dashboard.live_state(backend)
+    wait_until(lambda: state.idle_for > 0.6, 5, "idle")
+    reads.clear()
+    for i in range(5):
+        tasks.add.submit(i, 1)
+    # Nothing to wait for: leave an (unwanted) idle read every chance to happen.
+    threading.Event().wait(1.5)
+    assert [r for r in reads if r[2] == "zktasks-dashboard-live"] == []
+    # The first poll after the idle spell waits for the marks to be read: it is current.
+    assert poll(admin_client)["totals"]["pending"] == 6

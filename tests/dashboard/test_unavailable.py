@@ -1,0 +1,116 @@
+"""ZooKeeper unreachable: every page says so in a banner, fast, and never answers 500."""
+
+import time
+
+import pytest
+
+from tests import tasks
+from tests.conftest import zk_tasks_setting
+from tests.dashboard.conftest import url
+from tests.dashboard.test_permissions import PAGES
+from tests.waiting import wait_until
+from zktasks.testing import ZooKeeperServer, free_port
+
+BANNER = "ZooKeeper unreachable."
+
+
+@pytest.fixture
+def closed_port_settings(settings):
+    """A backend whose ensemble is a port nobody listens on."""
+    port = free_port()
+    settings.TASKS = zk_tasks_setting(f"127.0.0.1:{port}", "/zktasks-nowhere",
+                                      CONNECT_TIMEOUT=1.0)
+    return f"127.0.0.1:{port}"
+
+
+def assert_banner(response, hosts, path):
+    assert response.status_code in (200, 503), (path, response.status_code)
+    html = response.content.decode()
+    assert BANNER in html and hosts in html, path
+    assert 'id="zk-banner" class="zk-banner" role="alert">' in html, path  # not hidden
+
+
+@pytest.mark.parametrize(("name", "args"), [p for p in PAGES if p[0] != "zktasks_live"])
+def test_pages_show_a_banner_when_zookeeper_is_unreachable(admin_client, closed_port_settings,
+                                                           name, args):
+    path = url(name, *args)
+    started = time.monotonic()
+    response = admin_client.get(path)
+    assert time.monotonic() - started < 8
+    assert_banner(response, closed_port_settings, path)
+    assert response.status_code == 503
+
+
+@pytest.mark.parametrize("name", ["zktasks_job_retry", "zktasks_job_cancel"])
+def test_actions_show_a_banner_when_zookeeper_is_unreachable(admin_client, closed_port_settings,
+                                                             name):
+    path = url(name, "0" * 32)
+    assert_banner(admin_client.post(path), closed_port_settings, path)
+    purge = url("zktasks_purge")
+    assert_banner(admin_client.post(purge, {"states": ["FAILED"], "confirm": "yes"}),
+                  closed_port_settings, purge)
+    drain = url("zktasks_drain", "w-1")
+    assert_banner(admin_client.post(drain), closed_port_settings, drain)
+
+
+def test_live_json_reports_the_outage(admin_client, closed_port_settings):
+    response = admin_client.get(url("zktasks_live"))
+    assert response.status_code == 503
+    data = response.json()
+    assert data["ok"] is False and closed_port_settings in data["error"]
+
+
+def test_a_slow_connection_does_not_hold_a_page(admin_client, settings):
+    """CONNECT_TIMEOUT is long: the page answers after a few seconds anyway."""
+    settings.TASKS = zk_tasks_setting(f"127.0.0.1:{free_port()}", "/zktasks-nowhere",
+                                      CONNECT_TIMEOUT=8.0)
+    started = time.monotonic()
+    response = admin_client.get(url("zktasks_overview"))
+    assert time.monotonic() - started < 6
+    assert response.status_code == 503 and "Still connecting" in response.content.decode()
+
+
+@pytest.fixture
+def own_server():
+    server = ZooKeeperServer().start()
+    yield server
+    server.close()
+
+
+def test_an_outage_mid_session_degrades_to_the_banner_and_recovers(admin_client, settings,
+                                                                   own_server, zk_root):
+    settings.TASKS = zk_tasks_setting(own_server.hosts, zk_root, SESSION_TIMEOUT=20.0)
+    from django.tasks import task_backends
+
+    tasks.add.submit(1, 1)
+    assert admin_client.get(url("zktasks_overview")).status_code == 200
+    assert admin_client.get(url("zktasks_live")).json()["totals"]["pending"] == 1
+
+    own_server.stop()
+    data = {}
+
+    def down():
+        data.update(admin_client.get(url("zktasks_live")).json())
+        return data["ok"] is False
+
+    wait_until(down, 20, "the live endpoint to report the outage")
+    assert "down" in data["error"]
+    for path in (url("zktasks_overview"), url("zktasks_job_changelist"), url("zktasks_tree"),
+                 url("zktasks_pending"), url("zktasks_job_change", "0" * 32)):
+        started = time.monotonic()
+        response = admin_client.get(path)
+        assert time.monotonic() - started < 8, path
+        assert response.status_code in (200, 503), path
+        assert BANNER in response.content.decode(), path
+
+    own_server.start()
+    wait_until(lambda: admin_client.get(url("zktasks_live")).json()["ok"], 30,
+               "the live endpoint to recover")
+    task_backends["default"]  # noqa: B018 - same settings, same client
+    tasks.add.submit(2, 2)
+
+    def two_pending():
+        return admin_client.get(url("zktasks_live")).json()["totals"]["pending"] == 2
+
+    wait_until(two_pending, 20, "the live cache to see the job submitted after the outage")
+    assert admin_client.get(url("zktasks_overview")).status_code == 200

@@ -1,0 +1,1284 @@
+"""Read the zktasks tree for the admin dashboard: page reads and a live per-process cache.
+
+Pages read ZooKeeper directly, one page at a time: pipelined async reads, cursors on
+sorted znode names, the finished index for results (never a listing of status/).
+
+The live endpoint reads nothing per request. `LiveState` keeps the overview numbers in
+memory, fed by one-shot watches whose callbacks only mark what changed under a lock
+(kazoo's event thread never reads and never blocks, rule 5). Its own thread re-reads the
+marked paths, at most once a second each, and only while somebody polls; after a
+disconnection it re-reads everything. Why not kazoo's ChildrenWatch: it re-lists on
+kazoo's thread after every change, which for a queue of 20,000 names is a megabyte per
+submitted job; a mark-then-read thread coalesces a burst into one read.
+
+Nothing here unpickles: a job's arguments and return value come from
+`backend.get_result`, which verifies their signatures first; raw znode data is shown as
+JSON with the signed envelopes replaced by their size.
+"""
+
+import base64
+import binascii
+import json
+import logging
+import os
+import reprlib
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from itertools import islice
+
+from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import EventType, KazooState
+
+from . import envelope, records
+from .client import get_client
+from .exceptions import CorruptRecord, PayloadVerificationError, ZooKeeperUnavailableError
+from .records import StatusRecord
+from .store import TRANSIENT, Store
+from .tree import (
+    BUCKET_MS,
+    parse_delayed_node,
+    parse_finished_entry,
+    parse_job_node,
+)
+
+logger = logging.getLogger(__name__)
+
+READ_DEADLINE = 3.0      # seconds a page waits for ZooKeeper before showing the banner
+CONNECT_WAIT = 3.0       # seconds a request waits for a connection being made
+PAGE_SIZE = 50
+SCAN_BUDGET = 2_000      # status records a filtered results page reads at most
+LIST_BUDGET = 1_000      # finished-index buckets a results page lists at most
+ASYNC_BATCH = 200        # async requests in flight at once
+REPR_LIMIT = 2_000       # characters of a shown repr()
+PREVIEW_LIMIT = 64_000   # characters of a znode's data shown in the tree browser
+THROUGHPUT_MINUTES = 10
+RECENT_FAILURES = 10
+
+UNAVAILABLE = (ZooKeeperUnavailableError, KazooException, KazooTimeoutError, ConnectionError)
+
+# -- connecting without blocking a request ---------------------------------------------
+
+_connect_lock = threading.Lock()
+_connect_pool: tuple[int, ThreadPoolExecutor] | None = None
+_connecting: dict[tuple, Future] = {}
+
+
+def connect(conf, *, wait: float = CONNECT_WAIT):
+    """Return this process's started client for `conf`, waiting at most `wait` seconds.
+
+    get_client blocks for CONNECT_TIMEOUT while ZooKeeper is down; a page must not, so
+    the connection is made on a helper thread and requests show a banner meanwhile.
+    """
+    global _connect_pool
+    key = (os.getpid(), conf.client_key)
+    with _connect_lock:
+        if _connect_pool is None or _connect_pool[0] != os.getpid():
+            _connect_pool = (os.getpid(), ThreadPoolExecutor(
+                max_workers=2, thread_name_prefix="zktasks-dashboard-connect"))
+            _connecting.clear()
+        future = _connecting.get(key)
+        if future is None or future.done():
+            future = _connect_pool[1].submit(get_client, conf)
+            _connecting[key] = future
+    try:
+        client = future.result(timeout=wait)
+    except FutureTimeout:
+        raise ZooKeeperUnavailableError(
+            f"Still connecting to ZooKeeper at {conf.hosts!r}; this page shows the tree "
+            "once it answers."
+        ) from None
+    if not client.connected:
+        raise ZooKeeperUnavailableError(
+            f"The connection to ZooKeeper at {conf.hosts!r} is down ({client.state}); "
+            "reconnecting."
+        )
+    return client
+
+
+def describe(exc: BaseException) -> str:
+    """Say in one sentence why ZooKeeper could not be read."""
+    if isinstance(exc, ZooKeeperUnavailableError):
+        return str(exc)
+    if isinstance(exc, NoAuthError):
+        return ("ZooKeeper refused the read (NoAuth): this site's AUTH credentials do not "
+                "match the ACL of the tree.")
+    return f"ZooKeeper could not be read ({type(exc).__name__}: {exc})."
+
+
+# -- small pure helpers ------------------------------------------------------------------
+
+_repr = reprlib.Repr(maxlevel=4, maxtuple=20, maxlist=20, maxarray=20, maxdict=20,
+                     maxset=20, maxfrozenset=20, maxdeque=20, maxstring=400, maxlong=100,
+                     maxother=400)
+
+
+def short_repr(value, limit: int = REPR_LIMIT) -> str:
+    """repr() bounded in depth and length; never raises (a hostile __repr__ included)."""
+    try:
+        text = _repr.repr(value)
+    except Exception as exc:
+        text = f"<{type(value).__qualname__}: repr() failed: {type(exc).__name__}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def call_repr(args, kwargs, limit: int = REPR_LIMIT) -> str:
+    parts = [short_repr(a, 400) for a in args]
+    parts += [f"{k}={short_repr(v, 400)}" for k, v in kwargs.items()]
+    text = ", ".join(parts)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    """Say how long from start to end: "45 ms", "3.2 s", "4 min 5 s", "2 h 3 min"."""
+    if start is None or end is None:
+        return ""
+    seconds = max(0.0, (end - start).total_seconds())
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
+def ms_to_datetime(ms: int | float) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def election_order(name: str) -> tuple[int, str]:
+    """Sort key of kazoo Lock contenders: the sequence number after '__lock__'."""
+    _, _, seq = name.rpartition("__lock__")
+    return (int(seq), name) if seq.isdigit() else (1 << 62, name)
+
+
+def stat_dict(stat) -> dict:
+    return {
+        "czxid": stat.czxid, "mzxid": stat.mzxid, "pzxid": stat.pzxid,
+        "ctime": ms_to_datetime(stat.ctime), "mtime": ms_to_datetime(stat.mtime),
+        "version": stat.version, "cversion": stat.cversion, "aversion": stat.aversion,
+        "ephemeral_owner": f"0x{stat.ephemeralOwner:x}" if stat.ephemeralOwner else "",
+        "data_length": stat.dataLength, "num_children": stat.numChildren,
+    }
+
+
+def _envelope_note(value) -> str | None:
+    if isinstance(value, dict) and "mac" in value and "data" in value:
+        try:
+            size = len(base64.b64decode(str(value["data"]), validate=True))
+        except (binascii.Error, ValueError):
+            size = len(str(value["data"]))
+        return f"<signed dill, {size:,} bytes, not shown>"
+    return None
+
+
+def preview(raw: bytes | None, limit: int = PREVIEW_LIMIT) -> dict:
+    """Describe a znode's data for people: pretty JSON, text, or the size of binary data.
+
+    Signed envelopes (a job's payload and result) are replaced by their size: they are
+    pickles, and the web process neither loads nor shows them.
+    """
+    if not raw:
+        return {"kind": "empty", "text": "", "size": 0}
+    size = len(raw)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"kind": "binary", "text": "", "size": size}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        if any(ord(c) < 32 and c not in "\t\r\n" for c in text[:4096]):
+            return {"kind": "binary", "text": "", "size": size}
+        truncated = len(text) > limit
+        return {"kind": "text", "text": text[:limit], "size": size, "truncated": truncated}
+    if isinstance(data, dict):
+        data = {k: (_envelope_note(v) or v) if k in ("payload", "result") else v
+                for k, v in data.items()}
+    pretty = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    truncated = len(pretty) > limit
+    return {"kind": "json", "text": pretty[:limit], "size": size, "truncated": truncated}
+
+
+# -- values the pages show -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRow:
+    id: str
+    task: str = ""
+    queue: str = ""
+    state: str = ""
+    priority: int | None = None
+    enqueued_at: datetime | None = None
+    run_after: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    attempts: int = 0
+    worker: str = ""
+    error: str = ""
+    note: str = ""
+
+    @classmethod
+    def from_record(cls, record: StatusRecord, **extra) -> "JobRow":
+        error = record.errors[-1] if record.errors else None
+        return cls(
+            id=record.id, task=record.task, queue=record.queue, state=record.state,
+            priority=record.priority, enqueued_at=record.enqueued_at,
+            run_after=record.run_after, started_at=record.started_at,
+            finished_at=record.finished_at, attempts=record.attempts,
+            worker=record.worker_ids[-1] if record.worker_ids else "",
+            error=f"{error.exception_class_path}: {error.message}"[:300] if error else "",
+            **extra,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Page:
+    rows: list
+    next_cursor: str | None = None
+    scanned: int = 0
+    exhausted: bool = True
+    total: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobDetail:
+    record: StatusRecord
+    version: int
+    verified: bool
+    verification_error: str = ""
+    args: str = ""
+    args_note: str = ""
+    return_value: str = ""
+    result_note: str = ""
+    history: list = field(default_factory=list)
+    places: list = field(default_factory=list)   # (label, znode path) where it is now
+    waited: str = ""   # enqueued → first start
+    ran: str = ""      # last start → finished
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeView:
+    path: str
+    relative: str
+    stat: dict
+    data: dict
+    children: list          # (name, relative path, stat dict or None)
+    next_cursor: str | None
+    parents: list           # (name, relative path)
+
+
+class Reader:
+    """Reads for the dashboard's pages, through one connected client."""
+
+    def __init__(self, backend, client=None):
+        self.backend = backend
+        self.conf = backend.conf
+        self.client = client if client is not None else connect(self.conf)
+        self.store = Store(self.client, self.conf)
+        self.layout = self.store.layout
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def get(self, path: str):
+        """Return (data, stat) of a znode, or None if it does not exist."""
+        try:
+            return self.store.retry(self.client.get, path, deadline=READ_DEADLINE)
+        except NoNodeError:
+            return None
+
+    def children(self, path: str) -> list[str]:
+        try:
+            return self.store.retry(self.client.get_children, path, deadline=READ_DEADLINE)
+        except NoNodeError:
+            return []
+
+    def get_many(self, paths: Iterable[str]) -> dict[str, tuple | None]:
+        """Read many znodes with pipelined async requests; a missing one maps to None."""
+        return _gather(self.client, list(paths), "get")
+
+    def exists_many(self, paths: Iterable[str]) -> dict[str, object]:
+        return _gather(self.client, list(paths), "exists")
+
+    def statuses(self, job_ids: Iterable[str]) -> dict[str, StatusRecord | Exception | None]:
+        """Read status records; a missing one maps to None, a corrupt one to its error."""
+        paths = {self.layout.status(j): j for j in job_ids}
+        out = {}
+        for path, found in self.get_many(paths).items():
+            if found is None:
+                out[paths[path]] = None
+                continue
+            try:
+                out[paths[path]] = StatusRecord.from_bytes(found[0], path=path)
+            except CorruptRecord as exc:
+                out[paths[path]] = exc
+        return out
+
+    # -- pending and delayed -----------------------------------------------------------
+
+    def queues(self) -> list[str]:
+        return sorted(self.children(self.layout.jobs))
+
+    def pending(self, queue: str, *, after: str | None = None,
+                limit: int = PAGE_SIZE) -> Page:
+        """Jobs waiting in jobs/{queue}, in the order they will be assigned."""
+        names = sorted(n for n in self.children(self.layout.queue(queue)) if parse_job_node(n))
+        start = 0
+        if after:
+            start = next((i for i, n in enumerate(names) if n > after), len(names))
+        chosen = names[start:start + limit]
+        found = self.statuses(parse_job_node(n)[1] for n in chosen)
+        rows = []
+        for name in chosen:
+            priority, job_id = parse_job_node(name)
+            record = found.get(job_id)
+            if isinstance(record, StatusRecord):
+                rows.append(JobRow.from_record(record, note=name))
+            else:
+                rows.append(JobRow(id=job_id, queue=queue, priority=priority, note=name,
+                                   state="?", error=_missing(record)))
+        more = start + limit < len(names)
+        return Page(rows=rows, next_cursor=chosen[-1] if more and chosen else None,
+                    total=len(names), exhausted=not more)
+
+    def delayed(self, queue: str | None = None, *, after: str | None = None,
+                limit: int = PAGE_SIZE) -> Page:
+        """Jobs waiting for their run_after or retry backoff, the first due first."""
+        names = []
+        for name in self.children(self.layout.delayed):
+            parsed = parse_delayed_node(name)
+            if parsed and (queue is None or parsed[3] == queue):
+                names.append(name)
+        names.sort()
+        start = 0
+        if after:
+            start = next((i for i, n in enumerate(names) if n > after), len(names))
+        chosen = names[start:start + limit]
+        found = self.statuses(parse_delayed_node(n)[2] for n in chosen)
+        rows = []
+        for name in chosen:
+            due_ms, priority, job_id, q = parse_delayed_node(name)
+            record = found.get(job_id)
+            if isinstance(record, StatusRecord):
+                rows.append(JobRow.from_record(record, note=name))
+            else:
+                rows.append(JobRow(id=job_id, queue=q, priority=priority,
+                                   run_after=ms_to_datetime(due_ms), note=name, state="?",
+                                   error=_missing(record)))
+        more = start + limit < len(names)
+        return Page(rows=rows, next_cursor=chosen[-1] if more and chosen else None,
+                    total=len(names), exhausted=not more)
+
+    # -- workers and assignments -------------------------------------------------------
+
+    def workers(self) -> dict[str, dict]:
+        ids = sorted(self.children(self.layout.workers))
+        found = self.get_many(self.layout.worker(w) for w in ids)
+        out = {}
+        for worker_id in ids:
+            item = found.get(self.layout.worker(worker_id))
+            if item is None:
+                continue
+            out[worker_id] = worker_info(worker_id, item[0])
+        return out
+
+    def assignments(self) -> list[dict]:
+        """Each worker with the jobs assigned to it; parents of vanished workers too."""
+        workers = self.workers()
+        owners = sorted(set(self.children(self.layout.assignments)) | set(workers))
+        listed = _gather(self.client, [self.layout.worker_assignments(o) for o in owners],
+                         "get_children")
+        job_ids, out = [], []
+        for owner in owners:
+            ids = sorted(listed.get(self.layout.worker_assignments(owner)) or [])
+            job_ids += ids
+            out.append({"worker_id": owner, "worker": workers.get(owner),
+                        "job_ids": ids, "jobs": []})
+        found = self.statuses(job_ids)
+        data = self.get_many(self.layout.assignment(o["worker_id"], j)
+                             for o in out for j in o["job_ids"])
+        for item in out:
+            for job_id in item["job_ids"]:
+                record = found.get(job_id)
+                raw = data.get(self.layout.assignment(item["worker_id"], job_id))
+                assigned_at = None
+                if raw is not None:
+                    try:
+                        assigned_at = records.loads(raw[0]).get("assigned_at")
+                        assigned_at = datetime.fromisoformat(assigned_at) if assigned_at \
+                            else None
+                    except (CorruptRecord, ValueError, TypeError):
+                        assigned_at = None
+                if isinstance(record, StatusRecord):
+                    row = JobRow.from_record(record)
+                else:
+                    row = JobRow(id=job_id, state="?", error=_missing(record))
+                item["jobs"].append({"row": row, "assigned_at": assigned_at})
+        return out
+
+    # -- results (finished jobs, newest first) ------------------------------------------
+
+    def buckets(self) -> list[str]:
+        return sorted((b for b in self.children(self.layout.finished) if b.isdigit()),
+                      reverse=True)
+
+    def _index(self, cursor: str | None, state: str | None,
+               stopped: dict) -> Iterator[tuple[str, str]]:
+        """Yield (bucket/job_id cursor, job_id) of finished jobs, newest first.
+
+        The cursor names a bucket and a job id, so a deep page skips the newer buckets
+        without listing them (no status read needed to find where to resume). Buckets
+        are listed with pipelined requests, at most LIST_BUDGET of them per page: past
+        that, `stopped["at"]` says where the next page resumes.
+        """
+        start_bucket, _, start_id = (cursor or "").partition("/")
+        code = {"SUCCESSFUL": "S", "FAILED": "F"}.get(state or "")
+        buckets = [b for b in self.buckets() if not start_bucket or b <= start_bucket]
+        listed, first, size = 0, 0, 4
+        while first < len(buckets):
+            batch = buckets[first:first + size]
+            first, size = first + size, min(size * 2, 64)
+            names = _gather(self.client, [self.layout.finished_bucket(b) for b in batch],
+                            "get_children")
+            for bucket in batch:
+                entries = []
+                for name in names.get(self.layout.finished_bucket(bucket)) or ():
+                    parsed = parse_finished_entry(name)
+                    if parsed and (code is None or parsed[1] == code):
+                        entries.append(parsed[0])
+                for job_id in sorted(entries, reverse=True):
+                    if start_bucket and bucket == start_bucket and job_id >= start_id:
+                        continue
+                    yield f"{bucket}/{job_id}", job_id
+                listed += 1
+                if listed >= LIST_BUDGET and bucket != buckets[-1]:
+                    stopped["at"] = f"{bucket}/{'0' * 32}"  # before every id of it
+                    return
+
+    def results(self, *, state: str | None = None, task: str = "", queue: str = "",
+                cursor: str | None = None, limit: int = PAGE_SIZE,
+                budget: int = SCAN_BUDGET) -> Page:
+        """A page of finished jobs, newest first, filtered by state, task and queue.
+
+        The state filter reads only index names; task and queue filters read status
+        records, at most `budget` of them per page, so a rare match never makes a slow
+        page: the page then says how far it looked and offers to look further.
+        """
+        stopped: dict = {}
+        index = self._index(cursor, state, stopped)
+        rows, scanned, last = [], 0, None
+        ended = leftover = False
+        while len(rows) < limit and scanned < budget:
+            want = min(max(limit - len(rows), 1) * (4 if task or queue else 1),
+                       ASYNC_BATCH, budget - scanned)
+            chunk = list(islice(index, want))
+            if not chunk:
+                ended = True
+                break
+            found = self.statuses(job_id for _, job_id in chunk)
+            for n, (position, job_id) in enumerate(chunk):
+                scanned += 1
+                last = position
+                record = found.get(job_id)
+                if not isinstance(record, StatusRecord):
+                    if not task and not queue:
+                        rows.append(JobRow(id=job_id, state="?", error=_missing(record)))
+                elif (not task or task.lower() in record.task.lower()) and (
+                        not queue or record.queue == queue):
+                    rows.append(JobRow.from_record(record))
+                if len(rows) >= limit:
+                    leftover = n + 1 < len(chunk)
+                    break
+        if not ended and not leftover:
+            ended = next(index, None) is None  # peek past the last row looked at
+        # Ended: the index is done, or its listing budget is (resume where it stopped).
+        next_cursor = stopped.get("at") if ended else last
+        return Page(rows=rows, next_cursor=next_cursor, scanned=scanned,
+                    exhausted=next_cursor is None)
+
+    # -- one job -----------------------------------------------------------------------
+
+    def job(self, job_id: str) -> JobDetail | None:
+        """Everything the detail page shows; arguments only from a verified payload."""
+        path = self.layout.status(job_id)
+        found = self.get(path)
+        if found is None:
+            return None
+        record = StatusRecord.from_bytes(found[0], path=path)
+        key = self.conf.signing_key
+        verified, why = False, ""
+        if record.payload is None:
+            why = "This job's record holds no payload."
+        else:
+            try:
+                envelope.open_envelope(record.payload, job_id=job_id, kind=envelope.PAYLOAD,
+                                       key=key)
+                verified = True
+            except PayloadVerificationError as exc:
+                why = str(exc)
+        args = args_note = value = result_note = ""
+        if verified:
+            args, args_note, value, result_note = self._call_and_value(record)
+        elif record.state == records.SUCCESSFUL:
+            result_note = "Not shown: the job's payload did not pass its signature check."
+        return JobDetail(record=record, version=found[1].version, verified=verified,
+                         verification_error=why, args=args, args_note=args_note,
+                         return_value=value, result_note=result_note,
+                         history=history(record), places=self._places(record),
+                         waited=duration(record.enqueued_at, record.started_at),
+                         ran=duration(record.last_attempted_at, record.finished_at))
+
+    def _call_and_value(self, record: StatusRecord) -> tuple[str, str, str, str]:
+        backend = self.backend
+        args_note = result_note = value = ""
+        try:
+            result = backend.get_result(record.id)
+        except PayloadVerificationError as exc:
+            result_note = f"Not shown: {exc}"
+            result = backend.build_result(record.evolve(result=None))
+        except Exception as exc:  # a verified value whose class is not importable here
+            result_note = (f"Not shown: the return value could not be loaded in the web "
+                           f"process ({type(exc).__name__}: {short_repr(str(exc), 300)}).")
+            result = backend.build_result(record.evolve(result=None))
+        args = call_repr(result.args, result.kwargs)
+        if not result.args and not result.kwargs and record.args_repr:
+            args_note = ("The arguments could not be loaded in the web process (the task's "
+                         "code is not importable here); the worker loads them.")
+        if record.state == records.SUCCESSFUL and not result_note:
+            try:
+                value = short_repr(result.return_value)
+            except Exception as exc:
+                result_note = f"Not shown: {type(exc).__name__}."
+        return args, args_note, value, result_note
+
+    def _places(self, record: StatusRecord) -> list[tuple[str, str]]:
+        from .tree import delayed_node_name, job_node_name
+
+        layout = self.layout
+        candidates = [("status record", layout.status(record.id))]
+        if record.state == records.READY:
+            candidates.append(("pending", layout.job(record.queue,
+                                                     job_node_name(record.priority, record.id))))
+            if record.run_after is not None:
+                due_ms = int(record.run_after.timestamp() * 1000)
+                candidates.append(("delayed", layout.delayed_job(delayed_node_name(
+                    due_ms, record.priority, record.id, record.queue))))
+        if record.state in (records.READY, records.RUNNING) and record.worker_ids:
+            candidates.append(("assigned", layout.assignment(record.worker_ids[-1],
+                                                             record.id)))
+        if record.finished_at is not None:
+            from .tree import finished_bucket, finished_entry
+
+            bucket = finished_bucket(int(record.finished_at.timestamp() * 1000))
+            candidates.append(("finished index", layout.finished_entry(
+                bucket, finished_entry(record.id, record.state, record.queue))))
+        present = self.exists_many(p for _, p in candidates)
+        return [(label, path) for label, path in candidates if present.get(path)]
+
+    # -- the raw tree ------------------------------------------------------------------
+
+    def node(self, relative: str, *, after: str | None = None, limit: int = 200) -> NodeView:
+        """One znode under ROOT: its stat, a preview of its data, a page of children."""
+        path = self.absolute(relative)
+        found = self.get(path)
+        if found is None:
+            raise NoNodeError(path)
+        raw, stat = found
+        names = sorted(self.children(path))
+        start = 0
+        if after:
+            start = next((i for i, n in enumerate(names) if n > after), len(names))
+        chosen = names[start:start + limit]
+        child_paths = [f"{path}/{n}" for n in chosen]
+        stats = self.exists_many(child_paths)
+        base = relative.rstrip("/")
+        children = [(n, f"{base}/{n}", stat_dict(stats[p]) if stats.get(p) else None)
+                     for n, p in zip(chosen, child_paths, strict=True)]
+        parents, acc = [("ROOT", "/")], ""
+        for part in [p for p in relative.split("/") if p]:
+            acc += "/" + part
+            parents.append((part, acc))
+        more = start + limit < len(names)
+        return NodeView(path=path, relative=relative or "/", stat=stat_dict(stat),
+                        data=preview(raw), children=children,
+                        next_cursor=chosen[-1] if more and chosen else None, parents=parents)
+
+    def absolute(self, relative: str) -> str:
+        """Map a path relative to ROOT to the znode path, refusing anything outside ROOT."""
+        parts = [p for p in (relative or "/").split("/") if p]
+        if any(p in (".", "..") or len(p) > 255 for p in parts):
+            raise ValueError(f"{relative!r} is not a path below ROOT.")
+        return "/".join([self.conf.root, *parts])
+
+
+def worker_info(worker_id: str, raw: bytes | None) -> dict:
+    """Decode a worker znode's JSON for display; garbage becomes a note, never an error."""
+    try:
+        data = records.loads(raw)
+    except CorruptRecord:
+        return {"id": worker_id, "host": "", "pid": None, "queues": [], "concurrency": None,
+                "prefetch": None, "pool": "", "started_at": None, "draining": False,
+                "note": "unreadable worker znode"}
+    started = data.get("started_at")
+    try:
+        started = datetime.fromisoformat(started) if isinstance(started, str) else None
+    except ValueError:
+        started = None
+    queues = data.get("queues")
+    return {
+        "id": worker_id, "host": str(data.get("host", "")), "pid": data.get("pid"),
+        "queues": [str(q) for q in queues] if isinstance(queues, list) else [],
+        "concurrency": data.get("concurrency"), "prefetch": data.get("prefetch"),
+        "pool": str(data.get("pool", "")), "started_at": started,
+        "draining": bool(data.get("draining")), "note": "",
+    }
+
+
+def history(record: StatusRecord) -> list[tuple[datetime | None, str]]:
+    """The state history a status record implies, oldest first: (when, what)."""
+    events = []
+    if record.enqueued_at:
+        events.append((record.enqueued_at,
+                       f"enqueued on queue {record.queue!r} with priority {record.priority}"))
+    if record.run_after:
+        events.append((record.run_after, "due (run_after)"))
+    if record.started_at:
+        first = record.worker_ids[0] if record.worker_ids else "?"
+        events.append((record.started_at, f"attempt 1 started on {first}"))
+    for error in record.errors:
+        where = f" on {error.worker_id}" if error.worker_id else ""
+        events.append((None, f"attempt {error.attempt or '?'}{where} ended with "
+                             f"{error.exception_class_path}"))
+    if record.attempts > 1 and record.last_attempted_at:
+        last = record.worker_ids[-1] if record.worker_ids else "?"
+        events.append((record.last_attempted_at,
+                       f"attempt {record.attempts} started on {last}"))
+    if record.finished_at:
+        events.append((record.finished_at, f"finished: {record.state}"))
+    elif record.state == records.RUNNING:
+        events.append((None, "running now"))
+    else:
+        events.append((None, "waiting to run"))
+    return events
+
+
+def _missing(found) -> str:
+    if isinstance(found, Exception):
+        return str(found)
+    return "status record missing"
+
+
+def _gather(client, paths: list[str], op: str) -> dict:
+    """Run one kazoo async op over many paths, ASYNC_BATCH in flight; NoNode maps to None."""
+    call = {"get": client.get_async, "exists": client.exists_async,
+            "get_children": client.get_children_async}[op]
+    out = {}
+    deadline = time.monotonic() + READ_DEADLINE * 3
+    for start in range(0, len(paths), ASYNC_BATCH):
+        batch = paths[start:start + ASYNC_BATCH]
+        pending = [(p, call(p)) for p in batch]
+        for path, result in pending:
+            try:
+                out[path] = result.get(timeout=max(0.1, deadline - time.monotonic()))
+            except NoNodeError:
+                out[path] = None
+            except TRANSIENT as exc:
+                raise ZooKeeperUnavailableError(
+                    f"ZooKeeper stopped answering while reading {path!r} "
+                    f"({type(exc).__name__})."
+                ) from exc
+            except KazooTimeoutError as exc:
+                raise ZooKeeperUnavailableError(
+                    f"ZooKeeper did not answer in time while reading {path!r}."
+                ) from exc
+    return out
+
+
+# -- the live cache ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Bucket:
+    succeeded: int = 0
+    failed: int = 0
+    failed_ids: tuple[str, ...] = ()     # newest first
+    per_queue: dict = field(default_factory=dict)  # queue -> [S, F], when names carry it
+
+
+class LiveState:
+    """The overview's numbers for one ROOT, kept current by watches; one per process.
+
+    Watch callbacks run on kazoo's event thread: they only add a key to `_dirty` under
+    a lock and wake this object's thread, which does every read (rule 5). Keys:
+    "*" (everything), "workers", "w:{id}", "a:{id}", "queues", "q:{queue}", "delayed",
+    "leader", "finished", "b:{bucket}", "j:{job_id}".
+    """
+
+    MIN_INTERVAL = 1.0      # seconds between two reads of one path
+    BIG_INTERVAL = 5.0      # the same for a children list of more than BIG names
+    BIG = 5_000
+    IDLE_AFTER = 60.0       # no poll for this long: stop reading (marks accumulate)
+    MAX_WATCHED_JOBS = 200
+
+    def __init__(self, client, layout):
+        self.client = client
+        self.layout = layout
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._dirty: set[str] = {"*"}
+        self._last_read: dict[str, float] = {}
+        self._watchers: dict[str, object] = {}
+        self.generation = 0
+        self.last_poll = time.monotonic()
+        self.error = ""
+        self.as_of: datetime | None = None
+        # The view, guarded by _lock.
+        self.workers: dict[str, dict] = {}
+        self.assigned: dict[str, set[str]] = {}
+        self.assigned_queue: dict[str, str] = {}
+        self.pending: dict[str, int] = {}
+        self.delayed: dict[str, int] = {}
+        self.leader: dict | None = None
+        self.buckets: dict[str, _Bucket] = {}
+        self.failures: list[dict] = []
+        self._failure_cache: dict[str, dict] = {}
+        self.jobs: dict[str, dict] = {}
+        self.job_polled: dict[str, float] = {}
+        self.topics: dict[str, int] = {}
+        self._thread = threading.Thread(target=self._run, name="zktasks-dashboard-live",
+                                        daemon=True)
+        client.add_listener(self._on_state)
+        self._thread.start()
+
+    # -- kazoo's thread: mark and wake, nothing else -----------------------------------
+
+    def _watcher(self, key: str):
+        watcher = self._watchers.get(key)
+        if watcher is None:
+            def watcher(event, key=key):
+                self._mark("*" if event.type == EventType.NONE else key)
+            self._watchers[key] = watcher
+        return watcher
+
+    def _on_state(self, state) -> None:
+        if state == KazooState.CONNECTED:
+            self._mark("*")  # watches may be lost: re-read everything
+        else:
+            self._wake.set()
+
+    def _mark(self, key: str) -> None:
+        with self._lock:
+            self._dirty.add(key)
+        self._wake.set()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def snapshot(self, *, job_id: str | None = None, wait: float = 1.5) -> dict:
+        """The overview as JSON-ready data, from memory.
+
+        It waits (briefly) for a read only when there is nothing current to give: the
+        first poll, the first poll after an idle spell (marks were left unread), or a
+        job asked about for the first time.
+        """
+        now = time.monotonic()
+        with self._lock:
+            was_idle = now - self.last_poll > self.IDLE_AFTER
+            self.last_poll = now
+            new_job = bool(job_id) and job_id not in self.jobs
+            if new_job:
+                self._watch_job(job_id)
+            if job_id:
+                self.job_polled[job_id] = now
+            if self.as_of is None or new_job or (was_idle and self._dirty):
+                self._wake.set()
+                generation = self.generation
+                self._changed.wait_for(
+                    lambda: self.generation > generation or self._stop.is_set(),
+                    timeout=wait)
+            return self._snapshot(job_id)
+
+    def _watch_job(self, job_id: str) -> None:
+        if len(self.jobs) >= self.MAX_WATCHED_JOBS:
+            oldest = min(self.jobs, key=lambda j: self.job_polled.get(j, 0))
+            self.jobs.pop(oldest, None)
+            self.job_polled.pop(oldest, None)
+        self.jobs[job_id] = {"id": job_id, "state": None, "version": None}
+        self._dirty.add(f"j:{job_id}")
+
+    def _snapshot(self, job_id: str | None) -> dict:
+        connected = self.client.connected
+        workers = []
+        for worker_id in sorted(self.workers):
+            info = dict(self.workers[worker_id])
+            info["assigned"] = len(self.assigned.get(worker_id, ()))
+            info["started_at"] = _iso(info.get("started_at"))
+            workers.append(info)
+        running: dict[str, int] = {}
+        for ids in self.assigned.values():
+            for j in ids:
+                queue = self.assigned_queue.get(j, "?")
+                running[queue] = running.get(queue, 0) + 1
+        finished_q: dict[str, list[int]] = {}
+        succeeded = failed = 0
+        for bucket in self.buckets.values():
+            succeeded += bucket.succeeded
+            failed += bucket.failed
+            for queue, (s, f) in bucket.per_queue.items():
+                item = finished_q.setdefault(queue, [0, 0])
+                item[0] += s
+                item[1] += f
+        names = sorted(set(self.pending) | set(self.delayed) | set(running) | set(finished_q))
+        queues = [{
+            "name": q, "pending": self.pending.get(q, 0), "delayed": self.delayed.get(q, 0),
+            "running": running.get(q, 0),
+            "succeeded": finished_q[q][0] if q in finished_q else None,
+            "failed": finished_q[q][1] if q in finished_q else None,
+        } for q in names]
+        data = {
+            "ok": connected and not self.error and self.as_of is not None,
+            "connected": connected,
+            "error": self.error if connected else (
+                f"The connection to ZooKeeper is down ({self.client.state}); the numbers "
+                "below are from before it went."),
+            "as_of": _iso(self.as_of),
+            "leader": dict(self.leader) if self.leader else None,
+            "workers": workers,
+            "queues": queues,
+            "totals": {
+                "workers": len(workers),
+                "pending": sum(self.pending.values()),
+                "delayed": sum(self.delayed.values()),
+                "running": sum(running.values()),
+                "succeeded": succeeded,
+                "failed": failed,
+            },
+            "throughput": self._throughput(),
+            "recent_failures": list(self.failures),
+            "topics": dict(self.topics),
+        }
+        if data["ok"]:
+            data["error"] = ""
+        if job_id and job_id in self.jobs:
+            data["job"] = dict(self.jobs[job_id])
+        return data
+
+    def _throughput(self) -> list[dict]:
+        """Finished jobs per minute over the last minutes (from bucket sizes)."""
+        now_ms = int(time.time() * 1000)
+        this_minute = now_ms - now_ms % 60_000
+        counts = dict.fromkeys(range(THROUGHPUT_MINUTES), 0)
+        for name, bucket in self.buckets.items():
+            age = (this_minute - (int(name) - int(name) % 60_000)) // 60_000
+            if 0 <= age < THROUGHPUT_MINUTES:
+                counts[age] += bucket.succeeded + bucket.failed
+        return [{"minute": _iso(ms_to_datetime(this_minute - age * 60_000)),
+                 "count": counts[age]} for age in reversed(range(THROUGHPUT_MINUTES))]
+
+    def bucket_counts(self, before_ms: int | None, states: tuple[str, ...]) -> int:
+        """How many finished records a purge of whole buckets before `before_ms` removes."""
+        with self._lock:
+            total = 0
+            for name, bucket in self.buckets.items():
+                if before_ms is not None and int(name) + BUCKET_MS > before_ms:
+                    continue
+                total += (bucket.succeeded if "SUCCESSFUL" in states else 0) + (
+                    bucket.failed if "FAILED" in states else 0)
+            return total
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        try:
+            self.client.remove_listener(self._on_state)
+        except Exception:  # the client may be closed already
+            logger.debug("remove_listener failed", exc_info=True)
+        with self._lock:
+            self._changed.notify_all()
+
+    @property
+    def idle_for(self) -> float:
+        return time.monotonic() - self.last_poll
+
+    # -- this object's thread: every read -------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self.idle_for > self.IDLE_AFTER or not self.client.connected:
+                continue
+            now = time.monotonic()
+            with self._lock:
+                if "*" in self._dirty:
+                    dirty, self._dirty = self._dirty, set()
+                else:
+                    dirty = {k for k in self._dirty
+                             if now - self._last_read.get(k, 0.0) >= self._interval(k)}
+                    self._dirty -= dirty
+                    if self._dirty:
+                        self._wake.set()  # come back for the rate-limited ones
+            if not dirty and self.as_of is not None:
+                if self._wake.is_set():
+                    self._stop.wait(0.25)
+                continue
+            try:
+                self._refresh(dirty)
+                error = ""
+            except TRANSIENT + (ZooKeeperUnavailableError, KazooTimeoutError) as exc:
+                with self._lock:
+                    self._dirty |= dirty
+                error = describe(exc)
+                self._stop.wait(0.5)
+            except KazooException as exc:
+                with self._lock:
+                    self._dirty |= dirty
+                error = describe(exc)
+                logger.warning("dashboard live read failed: %s", error)
+                self._stop.wait(2.0)
+            except Exception:
+                logger.exception("dashboard live read failed")
+                with self._lock:
+                    self._dirty |= dirty
+                error = "The dashboard could not read the tree; see the server log."
+                self._stop.wait(2.0)
+            with self._lock:
+                self.error = error
+                if not error:
+                    self.as_of = records.now()
+                self.generation += 1
+                self._changed.notify_all()
+
+    def _interval(self, key: str) -> float:
+        return self.MIN_INTERVAL if self._last_read.get("size:" + key, 0) <= self.BIG \
+            else self.BIG_INTERVAL
+
+    def _read(self, key: str, size: int = 0) -> None:
+        self._last_read[key] = time.monotonic()
+        self._last_read["size:" + key] = size
+
+    def _children(self, paths_keys: list[tuple[str, str]]) -> dict[str, list[str] | None]:
+        """List children with a watch each (pipelined); a missing parent maps to None."""
+        out = {}
+        for start in range(0, len(paths_keys), ASYNC_BATCH):
+            batch = [(p, k, self.client.get_children_async(p, watch=self._watcher(k)))
+                     for p, k in paths_keys[start:start + ASYNC_BATCH]]
+            for path, key, result in batch:
+                try:
+                    names = result.get(timeout=READ_DEADLINE)
+                except NoNodeError:
+                    # Watch its creation instead; reading it again then lists it.
+                    self.client.exists_async(path, watch=self._watcher(key))
+                    names = None
+                out[path] = names
+                self._read(key, len(names or ()))
+        return out
+
+    def _gets(self, paths_keys: list[tuple[str, str | None]]) -> dict[str, tuple | None]:
+        out = {}
+        for start in range(0, len(paths_keys), ASYNC_BATCH):
+            batch = [(p, k, self.client.get_async(
+                p, watch=self._watcher(k) if k else None))
+                for p, k in paths_keys[start:start + ASYNC_BATCH]]
+            for path, key, result in batch:
+                try:
+                    out[path] = result.get(timeout=READ_DEADLINE)
+                except NoNodeError:
+                    out[path] = None
+                if key:
+                    self._read(key)
+        return out
+
+    def _bump(self, topic: str, changed: bool) -> None:
+        if changed:
+            self.topics[topic] = self.topics.get(topic, 0) + 1
+
+    def _refresh(self, dirty: set[str]) -> None:
+        full = "*" in dirty
+        layout = self.layout
+
+        # Workers and their assignments.
+        worker_ids = set(self.workers)
+        if full or "workers" in dirty:
+            listed = self._children([(layout.workers, "workers")])[layout.workers] or []
+            worker_ids = set(listed)
+            for new in worker_ids - set(self.workers):
+                dirty |= {f"w:{new}", f"a:{new}"}
+        read_workers = [w for w in worker_ids if full or f"w:{w}" in dirty]
+        found = self._gets([(layout.worker(w), f"w:{w}") for w in read_workers])
+        read_assigned = [w for w in worker_ids if full or f"a:{w}" in dirty]
+        assigned = self._children([(layout.worker_assignments(w), f"a:{w}")
+                                   for w in read_assigned])
+        known_queue = dict(self.assigned_queue)
+        new_jobs = [(w, j) for w in read_assigned
+                    for j in (assigned.get(layout.worker_assignments(w)) or ())
+                    if j not in known_queue]
+        data = self._gets([(layout.assignment(w, j), None) for w, j in new_jobs])
+        for w, j in new_jobs:
+            raw = data.get(layout.assignment(w, j))
+            try:
+                known_queue[j] = str(records.loads(raw[0]).get("queue", "?")) if raw else "?"
+            except CorruptRecord:
+                known_queue[j] = "?"
+
+        # Queues, delayed jobs, the leader.
+        queue_names = set(self.pending)
+        if full or "queues" in dirty:
+            queue_names = set(self._children([(layout.jobs, "queues")])[layout.jobs] or [])
+        read_queues = [q for q in queue_names
+                       if full or f"q:{q}" in dirty or q not in self.pending]
+        listed_queues = self._children([(layout.queue(q), f"q:{q}") for q in read_queues])
+        delayed = None
+        if full or "delayed" in dirty:
+            delayed = {}
+            for name in self._children([(layout.delayed, "delayed")])[layout.delayed] or ():
+                parsed = parse_delayed_node(name)
+                if parsed:
+                    delayed[parsed[3]] = delayed.get(parsed[3], 0) + 1
+        leader = self.leader
+        if full or "leader" in dirty:
+            leader = self._read_leader()
+
+        # The finished index.
+        bucket_names = set(self.buckets)
+        if full or "finished" in dirty:
+            listed = self._children([(layout.finished, "finished")])[layout.finished] or []
+            bucket_names = {b for b in listed if b.isdigit()}
+        read_buckets = [b for b in bucket_names
+                        if full or f"b:{b}" in dirty or b not in self.buckets]
+        listed_buckets = self._children([(layout.finished_bucket(b), f"b:{b}")
+                                         for b in read_buckets])
+        buckets = {}
+        for b in read_buckets:
+            names = listed_buckets.get(layout.finished_bucket(b))
+            if names is not None:
+                buckets[b] = _count_bucket(names)
+
+        # Jobs somebody is looking at.
+        with self._lock:
+            watched = [j for j in self.jobs if full or f"j:{j}" in dirty]
+        statuses = self._gets([(layout.status(j), f"j:{j}") for j in watched])
+
+        # Recent failures: read the status of the newest failed ids not seen before.
+        with self._lock:
+            merged = {b: self.buckets[b] for b in bucket_names if b in self.buckets}
+        merged.update(buckets)
+        newest_failed = []
+        for b in sorted(merged, reverse=True):
+            newest_failed.extend(merged[b].failed_ids)
+            if len(newest_failed) >= RECENT_FAILURES:
+                break
+        newest_failed = newest_failed[:RECENT_FAILURES]
+        unknown = [j for j in newest_failed if j not in self._failure_cache]
+        failure_data = self._gets([(layout.status(j), None) for j in unknown])
+        for j in unknown:
+            self._failure_cache[j] = failure_summary(j, failure_data.get(layout.status(j)))
+        self._failure_cache = {j: self._failure_cache[j] for j in newest_failed}
+
+        with self._lock:
+            before = (self.workers.copy(), {k: len(v) for k, v in self.assigned.items()})
+            for gone in set(self.workers) - worker_ids:
+                self.workers.pop(gone, None)
+                self.assigned.pop(gone, None)
+            for w in read_workers:
+                item = found.get(layout.worker(w))
+                if item is None:
+                    self.workers.pop(w, None)
+                else:
+                    self.workers[w] = worker_info(w, item[0])
+            for w in read_assigned:
+                names = assigned.get(layout.worker_assignments(w))
+                self.assigned[w] = set(names or ())
+            live = set().union(*self.assigned.values()) if self.assigned else set()
+            self.assigned_queue = {j: q for j, q in known_queue.items() if j in live}
+            after = (self.workers, {k: len(v) for k, v in self.assigned.items()})
+            self._bump("workers", before[0] != after[0])
+            self._bump("assignments", before[1] != after[1])
+
+            old_queues = (dict(self.pending), dict(self.delayed))
+            for q in set(self.pending) - queue_names:
+                self.pending.pop(q, None)
+            for q in read_queues:
+                names = listed_queues.get(layout.queue(q))
+                if names is None:
+                    self.pending.pop(q, None)
+                else:
+                    self.pending[q] = sum(1 for n in names if parse_job_node(n))
+                    self._bump(f"q:{q}", old_queues[0].get(q) != self.pending[q])
+            if delayed is not None:
+                self.delayed = delayed
+                self._bump("delayed", old_queues[1] != delayed)
+            self._bump("queues", old_queues != (self.pending, self.delayed))
+
+            self._bump("leader", leader != self.leader)
+            self.leader = leader
+
+            old_totals = _totals(self.buckets)
+            for b in set(self.buckets) - bucket_names:
+                self.buckets.pop(b, None)
+            self.buckets.update(buckets)
+            self._bump("finished", old_totals != _totals(self.buckets))
+            failures = [self._failure_cache[j] for j in newest_failed]
+            self._bump("failures", failures != self.failures)
+            self.failures = failures
+
+            for j in watched:
+                if j not in self.jobs:
+                    continue
+                item = statuses.get(layout.status(j))
+                state = _state_of(item)
+                job = {"id": j, "state": state,
+                       "version": item[1].version if item else None,
+                       "mzxid": item[1].mzxid if item else None}
+                self._bump(f"job:{j}", job != self.jobs[j])
+                self.jobs[j] = job
+            for j in [j for j in self.jobs if time.monotonic() - self.job_polled.get(j, 0)
+                      > self.IDLE_AFTER]:
+                self.jobs.pop(j, None)
+                self.job_polled.pop(j, None)
+            followed = ({f"w:{w}" for w in self.workers} | {f"a:{w}" for w in self.workers}
+                        | {f"q:{q}" for q in self.pending} | {f"b:{b}" for b in self.buckets}
+                        | {f"j:{j}" for j in self.jobs})
+        # Forget the watch functions and read times of what is no longer followed (a
+        # watch still armed keeps its function alive; firing, it marks a key nobody reads).
+        for key in [k for k in self._watchers if ":" in k and k not in followed]:
+            del self._watchers[key]
+        for key in [k for k in self._last_read if ":" in k.removeprefix("size:")
+                    and k.removeprefix("size:") not in followed]:
+            del self._last_read[key]
+
+    def _read_leader(self) -> dict | None:
+        names = self._children([(self.layout.leader, "leader")])[self.layout.leader] or []
+        if not names:
+            return None
+        first = min(names, key=election_order)
+        found = self._gets([(self.layout.election_node(first), None)])
+        item = found.get(self.layout.election_node(first))
+        if item is None:
+            self._mark("leader")
+            return None
+        raw, stat = item
+        # An election znode is created when its owner starts contending; a leader that
+        # writes to it on winning moves mtime to the moment it took over.
+        since = stat.mtime if stat.mtime > stat.ctime else stat.ctime
+        return {"worker": (raw or b"").decode("utf-8", "replace")[:200], "node": first,
+                "since": _iso(ms_to_datetime(since)), "contenders": len(names)}
+
+
+def _count_bucket(names: list[str]) -> _Bucket:
+    bucket = _Bucket()
+    failed = []
+    for name in names:
+        parsed = parse_finished_entry(name)
+        if not parsed:
+            continue
+        job_id, code, queue = parsed
+        if code == "S":
+            bucket.succeeded += 1
+        else:
+            bucket.failed += 1
+            failed.append(job_id)
+        if queue is not None:
+            item = bucket.per_queue.setdefault(queue, [0, 0])
+            item[0 if code == "S" else 1] += 1
+    bucket.failed_ids = tuple(sorted(failed, reverse=True))
+    return bucket
+
+
+def _totals(buckets: dict) -> tuple[int, int, int]:
+    return (len(buckets), sum(b.succeeded for b in buckets.values()),
+            sum(b.failed for b in buckets.values()))
+
+
+def _state_of(item) -> str | None:
+    if item is None:
+        return None
+    try:
+        state = json.loads(item[0] or b"").get("state")
+    except (ValueError, AttributeError):
+        return "?"
+    return state if state in records.STATES else "?"
+
+
+def failure_summary(job_id: str, item) -> dict:
+    """A failed job as the overview lists it (text only, never a pickle)."""
+    if item is None:
+        return {"id": job_id, "task": "", "queue": "", "error": "", "message": "(gone)",
+                "finished_at": None, "attempts": 0}
+    try:
+        record = StatusRecord.from_bytes(item[0])
+    except CorruptRecord as exc:
+        return {"id": job_id, "task": "", "queue": "", "error": "CorruptRecord",
+                "message": str(exc)[:300], "finished_at": None, "attempts": 0}
+    error = record.errors[-1] if record.errors else None
+    return {
+        "id": job_id, "task": record.task, "queue": record.queue,
+        "error": error.exception_class_path if error else "",
+        "message": (error.message if error else "")[:300],
+        "finished_at": _iso(record.finished_at), "attempts": record.attempts,
+    }
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+# -- one LiveState per (process, client, ROOT) ----------------------------------------------
+
+_live_lock = threading.Lock()
+_live: dict[tuple, LiveState] = {}
+MAX_LIVE_STATES = 8
+DROP_IDLE_AFTER = 600.0
+
+
+def live_state(backend, client=None) -> LiveState:
+    """Return this process's LiveState for the backend's ROOT, starting it on first use."""
+    conf = backend.conf
+    client = client if client is not None else connect(conf)
+    key = (os.getpid(), id(client), conf.root)
+    with _live_lock:
+        state = _live.get(key)
+        if state is not None and state.client is client:
+            return state
+        # Drop states of closed clients, of other processes and long-idle ones.
+        for old_key, old in list(_live.items()):
+            if (old_key[0] != os.getpid() or old.idle_for > DROP_IDLE_AFTER
+                    or not old.client.connected and old.client.state == KazooState.LOST):
+                old.close()
+                del _live[old_key]
+        while len(_live) >= MAX_LIVE_STATES:
+            oldest = max(_live, key=lambda k: _live[k].idle_for)
+            _live.pop(oldest).close()
+        state = LiveState(client, Store(client, conf).layout)
+        _live[key] = state
+        return state
+
+
+def reset_live_states() -> None:
+    """Stop every LiveState of this process (settings changed, tests)."""
+    with _live_lock:
+        for state in _live.values():
+            state.close()
+        _live.clear()
+
+
+def _on_setting_changed(*, setting, **kwargs):
+    if setting == "TASKS":
+        reset_live_states()
+
+
+def connect_signals() -> None:
+    from django.core.signals import setting_changed
+
+    setting_changed.connect(_on_setting_changed, dispatch_uid="zktasks.dashboard")
+

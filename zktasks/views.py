@@ -1,0 +1,508 @@
+"""The dashboard's admin views: overview, pending, assignments, results, job, tree, actions.
+
+Every view is wrapped in `admin_site.admin_view` (staff only, CSRF-protected, never
+cached). Reads go through dashboard.py; actions call the backend and are POST-only,
+confirmed on a page of their own, logged in the admin log and reported with messages.
+When ZooKeeper cannot be read, a page says so in a banner (HTTP 503), never a 500.
+"""
+
+import re
+from datetime import datetime, timedelta
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.http import urlencode
+from kazoo.exceptions import NoNodeError
+
+from . import dashboard, records
+from .admin import can_manage
+from .exceptions import CorruptRecord, JobNotFound
+from .models import Job
+from .tree import BUCKET_MS, QUEUE_RE, is_job_id
+
+_JOB_NODE = re.compile(r"^\d{3}-[0-9a-f]{32}$")
+_DELAYED_NODE = re.compile(r"^\d{13}-\d{3}-[0-9a-f]{32}-.+$")
+_RESULTS_CURSOR = re.compile(r"^\d{13}/[0-9a-f]{32}$")
+_WORKER_ID = re.compile(r"^[^/\x00]{1,255}$")
+
+TABS = (
+    ("overview", "Overview", "zktasks_overview"),
+    ("pending", "Pending", "zktasks_pending"),
+    ("assignments", "Assignments", "zktasks_assignments"),
+    ("results", "Results", "zktasks_job_changelist"),
+    ("tree", "Tree", "zktasks_tree"),
+)
+AGES = (
+    ("", "any age"),
+    ("3600", "older than 1 hour"),
+    ("86400", "older than 1 day"),
+    ("604800", "older than 7 days"),
+)
+
+
+class ZkBackendMissing(Exception):
+    pass
+
+
+def zk_backend(*, connected: bool = False):
+    """The task backend the dashboard shows: "default" if it is a zktasks one, else the
+    first zktasks alias in TASKS. With `connected`, first make sure its client is up,
+    waiting no longer than a page may (the backend's own calls would wait CONNECT_TIMEOUT).
+    """
+    from django.tasks import task_backends
+
+    from .backend import ZooKeeperBackend
+
+    aliases = list(getattr(settings, "TASKS", None) or {})
+    aliases.sort(key=lambda a: a != "default")
+    for alias in aliases:
+        backend = task_backends[alias]
+        if isinstance(backend, ZooKeeperBackend):
+            if connected:
+                dashboard.connect(backend.conf)
+            return backend
+    raise ZkBackendMissing(
+        "No task backend in TASKS is a zktasks.backend.ZooKeeperBackend; add one to see "
+        "its jobs here."
+    )
+
+
+class PurgeForm(forms.Form):
+    states = forms.MultipleChoiceField(
+        choices=[(records.SUCCESSFUL, "Succeeded"), (records.FAILED, "Failed")],
+        initial=[records.SUCCESSFUL], widget=forms.CheckboxSelectMultiple,
+        label="Delete results that")
+    older_than = forms.ChoiceField(choices=AGES, required=False, initial="86400",
+                                   label="Finished")
+
+    def age(self) -> timedelta | None:
+        value = self.cleaned_data.get("older_than")
+        return timedelta(seconds=int(value)) if value else None
+
+    def describe(self) -> str:
+        states = ", ".join(self.cleaned_data["states"])
+        label = dict(AGES)[self.cleaned_data.get("older_than") or ""]
+        return f"{states} results, {label}"
+
+
+class DashboardViews:
+    """The dashboard's views for one ModelAdmin (and so one admin site)."""
+
+    def __init__(self, model_admin):
+        self.model_admin = model_admin
+        self.admin_site = model_admin.admin_site
+        self.opts = model_admin.model._meta
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        label = self.opts.app_label
+        return [
+            path(f"{label}/", wrap(self.overview), name="zktasks_overview"),
+            path(f"{label}/live.json", wrap(self.live_json), name="zktasks_live"),
+            path(f"{label}/pending/", wrap(self.pending), name="zktasks_pending"),
+            path(f"{label}/assignments/", wrap(self.assignments),
+                 name="zktasks_assignments"),
+            path(f"{label}/tree/", wrap(self.tree), name="zktasks_tree"),
+            path(f"{label}/purge/", wrap(self.purge), name="zktasks_purge"),
+            path(f"{label}/workers/<str:worker_id>/drain/", wrap(self.drain),
+                 name="zktasks_drain"),
+            path(f"{label}/job/", wrap(self.results), name="zktasks_job_changelist"),
+            path(f"{label}/job/<str:job_id>/", wrap(self.job), name="zktasks_job_change"),
+            path(f"{label}/job/<str:job_id>/retry/", wrap(self.retry),
+                 name="zktasks_job_retry"),
+            path(f"{label}/job/<str:job_id>/cancel/", wrap(self.cancel),
+                 name="zktasks_job_cancel"),
+        ]
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def context(self, request, title: str, tab: str = "", **extra) -> dict:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "tabs": [(key, label, self.url(name)) for key, label, name in TABS],
+            "tab": tab,
+            "can_manage": can_manage(request),
+            "live_url": reverse("admin:zktasks_live", current_app=self.admin_site.name),
+            "live_topics": "",
+            "live_sig": "",
+            "zk_error": "",
+        }
+        context.update(extra)
+        return context
+
+    def render(self, request, template: str, context: dict, status: int = 200):
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, f"zktasks/admin/{template}", context,
+                                status=status)
+
+    def unavailable(self, request, exc: BaseException, title: str, tab: str = ""):
+        """The page with a banner saying why ZooKeeper could not be read (HTTP 503)."""
+        return self.render(request, "unavailable.html",
+                           self.context(request, title, tab, zk_error=_message(exc)),
+                           status=503)
+
+    def reader(self):
+        return dashboard.Reader(zk_backend())
+
+    @staticmethod
+    def live(backend, topics: str, job_id: str | None = None) -> tuple[dict, dict]:
+        """Snapshot the live state before a page reads its content, and return the
+        context that lets live.js tell whether anything changed since (data-zk-sig)."""
+        live = dashboard.live_state(backend).snapshot(job_id=job_id)
+        names = topics.split()
+        sig = "|".join(f"{t}={live['topics'].get(t, '')}" for t in names)
+        return live, {"live_topics": topics, "live_sig": sig}
+
+    @staticmethod
+    def deny(request):
+        raise PermissionDenied
+
+    def url(self, name: str, *args, query: dict | None = None) -> str:
+        url = reverse(f"admin:{name}", args=args, current_app=self.admin_site.name)
+        query = {k: v for k, v in (query or {}).items() if v not in (None, "")}
+        return f"{url}?{urlencode(query)}" if query else url
+
+    def log(self, request, subject: Job, message: str, *, deletion: bool = False) -> None:
+        if deletion:
+            self.model_admin.log_deletions(request, [subject])
+        else:
+            self.model_admin.log_change(request, subject, message)
+
+    # -- overview and live ---------------------------------------------------------------
+
+    def overview(self, request):
+        title = "ZooKeeper tasks"
+        try:
+            backend = zk_backend()
+            live, live_context = self.live(
+                backend, "workers assignments queues leader finished failures")
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "overview")
+        context = self.context(
+            request, title, "overview", live=_for_template(live), conf=backend.conf,
+            zk_error="" if live["ok"] else live["error"],
+            throughput=_bars(live["throughput"]), **live_context,
+        )
+        return self.render(request, "overview.html", context)
+
+    def live_json(self, request):
+        job_id = request.GET.get("job", "")
+        job_id = job_id if is_job_id(job_id) else None
+        try:
+            live = dashboard.live_state(zk_backend()).snapshot(job_id=job_id)
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return JsonResponse({"ok": False, "connected": False, "error": _message(exc)},
+                                status=503)
+        return JsonResponse(live)
+
+    # -- lists ---------------------------------------------------------------------------
+
+    def pending(self, request):
+        title = "Pending jobs"
+        queue = request.GET.get("queue", "")
+        kind = "delayed" if request.GET.get("kind") == "delayed" else "pending"
+        after = request.GET.get("after") or None
+        if queue and not QUEUE_RE.match(queue):
+            queue = ""
+        pattern = _DELAYED_NODE if kind == "delayed" else _JOB_NODE
+        if after and not pattern.match(after):
+            after = None
+        try:
+            backend = zk_backend()
+            live, live_context = self.live(backend, "" if after else "queues")
+            reader = dashboard.Reader(backend)
+            queues = [q["name"] for q in live["queues"]]
+            if kind == "pending" and not queue and queues:
+                queue = next((q["name"] for q in live["queues"] if q["pending"]), queues[0])
+            if kind == "delayed":
+                page = reader.delayed(queue or None, after=after, limit=dashboard.PAGE_SIZE)
+            elif queue:
+                page = reader.pending(queue, after=after, limit=dashboard.PAGE_SIZE)
+            else:
+                page = dashboard.Page(rows=[], total=0)
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "pending")
+        next_url = self.url("zktasks_pending", query={
+            "queue": queue, "kind": kind, "after": page.next_cursor}) \
+            if page.next_cursor else ""
+        context = self.context(
+            request, title, "pending", live=_for_template(live), queue=queue, kind=kind,
+            page=page, next_url=next_url, paged=bool(after), **live_context,
+        )
+        return self.render(request, "pending.html", context)
+
+    def assignments(self, request):
+        title = "Assignments"
+        try:
+            backend = zk_backend()
+            _, live_context = self.live(backend, "workers assignments")
+            owners = dashboard.Reader(backend).assignments()
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "assignments")
+        context = self.context(request, title, "assignments", owners=owners,
+                               **live_context)
+        return self.render(request, "assignments.html", context)
+
+    def results(self, request):
+        title = "Results"
+        state = request.GET.get("state", "")
+        state = state if state in (records.SUCCESSFUL, records.FAILED) else ""
+        task = request.GET.get("task", "").strip()[:200]
+        queue = request.GET.get("queue", "").strip()
+        queue = queue if QUEUE_RE.match(queue) else ""
+        cursor = request.GET.get("cursor", "")
+        cursor = cursor if _RESULTS_CURSOR.match(cursor) else None
+        search = request.GET.get("q", "").strip()
+        try:
+            backend = zk_backend()
+            reader = dashboard.Reader(backend)
+            if search:
+                if is_job_id(search.lower()) and reader.get(
+                        reader.layout.status(search.lower())) is not None:
+                    return HttpResponseRedirect(self.url("zktasks_job_change",
+                                                         search.lower()))
+                messages.warning(request, f"No job has the id “{search}”.")
+            live, live_context = self.live(backend, "" if cursor else "finished")
+            page = reader.results(state=state or None, task=task, queue=queue, cursor=cursor,
+                                  limit=dashboard.PAGE_SIZE, budget=dashboard.SCAN_BUDGET)
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "results")
+        filters = {"state": state, "task": task, "queue": queue}
+        next_url = self.url("zktasks_job_changelist", query={**filters,
+                                                               "cursor": page.next_cursor}) \
+            if page.next_cursor else ""
+        totals = live["totals"]
+        total = {"": totals["succeeded"] + totals["failed"],
+                 records.SUCCESSFUL: totals["succeeded"],
+                 records.FAILED: totals["failed"]}[state] if not task and not queue else None
+        context = self.context(
+            request, title, "results", page=page, filters=filters, next_url=next_url,
+            first_url=self.url("zktasks_job_changelist", query=filters) if cursor else "",
+            total=total, search=search, queues=[q["name"] for q in live["queues"]],
+            states=((records.SUCCESSFUL, "Succeeded"), (records.FAILED, "Failed")),
+            **live_context,
+        )
+        return self.render(request, "results.html", context)
+
+    # -- one job -------------------------------------------------------------------------
+
+    def job(self, request, job_id):
+        title = f"Job {job_id}"
+        if not is_job_id(job_id):
+            raise Http404("Not a job id.")
+        try:
+            backend = zk_backend()
+            _, live_context = self.live(backend, f"job:{job_id}", job_id=job_id)
+            reader = dashboard.Reader(backend)
+            detail_root = reader.conf.root
+            detail = reader.job(job_id)
+        except CorruptRecord as exc:
+            return self.render(request, "job.html", self.context(
+                request, title, "results", detail=None, job_id=job_id,
+                corrupt=str(exc)))
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "results")
+        if detail is None:
+            return self.render(request, "job.html", self.context(
+                request, title, "results", detail=None, job_id=job_id), status=404)
+        context = self.context(
+            request, title, "results", detail=detail, job_id=job_id,
+            record=detail.record, **live_context,
+            live_url=self.url("zktasks_live", query={"job": job_id}),
+            tree_url=self.url("zktasks_tree"),
+            places=[(label, p[len(detail_root):] or "/") for label, p in detail.places],
+        )
+        return self.render(request, "job.html", context)
+
+    def _job_action(self, request, job_id, *, verb: str, run, done: str, refused: str):
+        """Confirm (GET), then act (POST): shared by retry and cancel."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        if not is_job_id(job_id):
+            raise Http404("Not a job id.")
+        if not can_manage(request):
+            self.deny(request)
+        title = f"{verb.capitalize()} job {job_id}"
+        back = self.url("zktasks_job_change", job_id)
+        if request.method == "POST":
+            try:
+                ok = run(zk_backend(connected=True), job_id)
+            except JobNotFound:
+                messages.error(request, f"No job has the id “{job_id}” (expired or purged).")
+                return HttpResponseRedirect(self.url("zktasks_job_changelist"))
+            except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+                return self.unavailable(request, exc, title, "results")
+            if ok:
+                self.log(request, Job(id=job_id), done)
+                messages.success(request, f"{done} (job {job_id}).")
+            else:
+                messages.warning(request, refused)
+            return HttpResponseRedirect(back)
+        try:
+            detail = self.reader().job(job_id)
+        except CorruptRecord:
+            detail = None
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "results")
+        if detail is None:
+            raise Http404("No such job.")
+        context = self.context(request, title, "results", verb=verb, job_id=job_id,
+                               record=detail.record, back_url=back)
+        return self.render(request, "confirm_job.html", context)
+
+    def retry(self, request, job_id):
+        return self._job_action(
+            request, job_id, verb="retry", run=lambda b, j: b.retry(j),
+            done="Sent the failed job back to its queue for one more attempt",
+            refused="The job was not retried: only a failed job can be (it may have been "
+                    "retried already).")
+
+    def cancel(self, request, job_id):
+        return self._job_action(
+            request, job_id, verb="cancel", run=lambda b, j: b.cancel(j),
+            done="Cancelled the job before it ran",
+            refused="The job was not cancelled: a worker has it already, or it finished.")
+
+    # -- purge and drain -----------------------------------------------------------------
+
+    def purge(self, request):
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        if not can_manage(request):
+            self.deny(request)
+        title = "Purge finished results"
+        form = PurgeForm(request.POST or None)
+        confirmed = request.method == "POST" and request.POST.get("confirm") == "yes"
+        if request.method == "POST" and form.is_valid():
+            states = tuple(form.cleaned_data["states"])
+            age = form.age()
+            try:
+                backend = zk_backend(connected=True)
+                if confirmed:
+                    count = backend.purge(states=states, older_than=age)
+                else:
+                    before = records.now() - age if age else None
+                    before_ms = int(before.timestamp() * 1000) if before else None
+                    estimate = dashboard.live_state(backend).bucket_counts(
+                        before_ms if before_ms is not None else
+                        int(records.now().timestamp() * 1000) + BUCKET_MS, states)
+            except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+                return self.unavailable(request, exc, title, "results")
+            if confirmed:
+                subject = Job(id="")
+                subject.label = f"{count:,} finished results ({form.describe()})"
+                self.log(request, subject, subject.label, deletion=True)
+                messages.success(request, f"Purged {count:,} finished results "
+                                          f"({form.describe()}).")
+                return HttpResponseRedirect(self.url("zktasks_job_changelist"))
+            context = self.context(request, title, "results", form=form, confirm=True,
+                                   estimate=estimate, description=form.describe())
+            return self.render(request, "purge.html", context)
+        try:
+            totals = dashboard.live_state(zk_backend()).snapshot()["totals"]
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "results")
+        context = self.context(request, title, "results", form=form, confirm=False,
+                               totals=totals)
+        return self.render(request, "purge.html", context)
+
+    def drain(self, request, worker_id):
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        if not _WORKER_ID.match(worker_id):
+            raise Http404("Not a worker id.")
+        if not can_manage(request):
+            self.deny(request)
+        title = f"Drain worker {worker_id}"
+        if request.method == "POST":
+            try:
+                ok = zk_backend(connected=True).drain_worker(worker_id)
+            except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+                return self.unavailable(request, exc, title, "overview")
+            if ok:
+                subject = Job(id="")
+                subject.label = f"worker {worker_id}"
+                self.log(request, subject, "Asked the worker to drain and exit.")
+                messages.success(request, f"Worker {worker_id} is draining: it takes no new "
+                                          "jobs, finishes its running ones and exits.")
+            else:
+                messages.warning(request, f"Worker {worker_id} is gone; nothing to drain.")
+            return HttpResponseRedirect(self.url("zktasks_overview"))
+        try:
+            workers = self.reader().workers()
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "overview")
+        if worker_id not in workers:
+            raise Http404("No such worker.")
+        context = self.context(request, title, "overview", worker=workers[worker_id],
+                               back_url=self.url("zktasks_overview"))
+        return self.render(request, "confirm_drain.html", context)
+
+    # -- the raw tree --------------------------------------------------------------------
+
+    def tree(self, request):
+        relative = request.GET.get("path", "/") or "/"
+        title = "Tree"
+        after = request.GET.get("after") or None
+        try:
+            reader = self.reader()
+            try:
+                node = reader.node(relative, after=after)
+                missing = ""
+            except ValueError as exc:
+                node, missing = None, str(exc)
+            except NoNodeError:
+                node, missing = None, f"No znode at {reader.absolute(relative)!r}."
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "tree")
+        next_url = self.url("zktasks_tree", query={"path": relative,
+                                                   "after": node.next_cursor}) \
+            if node and node.next_cursor else ""
+        context = self.context(request, title, "tree", node=node, missing=missing,
+                               root=reader.conf.root, next_url=next_url)
+        return self.render(request, "tree.html", context, status=404 if missing else 200)
+
+
+def _message(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, ZkBackendMissing) else dashboard.describe(exc)
+
+
+def _for_template(live: dict) -> dict:
+    """Turn the ISO strings of a snapshot into datetimes for the templates' filters."""
+    def dt(value):
+        try:
+            return datetime.fromisoformat(value) if value else None
+        except (TypeError, ValueError):
+            return None
+
+    live = dict(live)
+    if live.get("leader"):
+        live["leader"] = {**live["leader"], "since": dt(live["leader"].get("since"))}
+    live["workers"] = [{**w, "started_at": dt(w.get("started_at"))}
+                       for w in live.get("workers", [])]
+    live["recent_failures"] = [{**f, "finished_at": dt(f.get("finished_at"))}
+                               for f in live.get("recent_failures", [])]
+    live["as_of"] = dt(live.get("as_of"))
+    return live
+
+
+def _bars(throughput: list[dict]) -> dict:
+    """SVG geometry of the throughput chart (attributes, not styles: CSP-safe)."""
+    peak = max((t["count"] for t in throughput), default=0)
+    width, height, gap = 24, 60, 4
+    bars = []
+    for i, item in enumerate(throughput):
+        h = round(height * item["count"] / peak) if peak else 0
+        bars.append({"x": i * (width + gap), "y": height - h, "width": width,
+                     "height": max(h, 1 if item["count"] else 0), "count": item["count"],
+                     "minute": datetime.fromisoformat(item["minute"])})
+    return {"bars": bars, "peak": peak, "width": len(throughput) * (width + gap),
+            "height": height, "total": sum(t["count"] for t in throughput)}
