@@ -420,7 +420,8 @@ class Leader:
             logger.info("requeue skipped job=%s from=%s reason=%s", job_id, owner, failed)
             self.mark("*")
             return
-        logger.warning("job handed back job=%s from=%s (worker gone)", job_id, owner)
+        logger.warning("job of a vanished worker handled job=%s from=%s (handed back, or "
+                       "failed after too many lost workers)", job_id, owner)
         self.mark(f"q:{queue}")
 
     def _promote_due(self) -> None:

@@ -39,6 +39,8 @@ from .tree import (
 logger = logging.getLogger(__name__)
 
 TRANSIENT = (ConnectionLoss, OperationTimeoutError, SessionExpiredError)
+WORKER_LOST = "zktasks.exceptions.WorkerLost"
+MAX_WORKER_LOSSES = 3  # a job whose workers vanished this often is failed, not re-run
 LANDED = object()
 
 
@@ -451,29 +453,51 @@ class Store:
 
     def requeue(self, fence: str, worker_id: str, job_id: str, queue: str, node: str,
                 status: Versioned | None) -> list:
-        """Hand a dead worker's job back to pending, noting the lost attempt."""
+        """Hand a dead worker's job back to pending, noting the lost attempt.
+
+        A job that was running when its worker vanished gets a WorkerLost error. After
+        MAX_WORKER_LOSSES of those it is failed instead of handed back: a job that kills
+        whole workers (not just its task process) must not take the cluster down in a
+        loop. `retry()` (or the dashboard) can send it back on purpose.
+        """
+        lost_record = None
+        if status is not None and status.record.state == records.RUNNING:
+            from .exceptions import WorkerLost
+
+            record = status.record
+            losses = 1 + sum(e.exception_class_path == WORKER_LOST for e in record.errors)
+            final = losses >= MAX_WORKER_LOSSES
+            lost = WorkerLost(
+                f"Worker {worker_id!r} vanished while running attempt {record.attempts}; "
+                + (f"that is {losses} lost workers, so the job is failed, not run again "
+                   "(retry it once the cause is fixed)." if final else
+                   "the job was handed back to be run again.")
+            )
+            error = records.ErrorRecord(
+                exception_class_path=WORKER_LOST, message=str(lost),
+                traceback=str(lost) + "\n", attempt=record.attempts, worker_id=worker_id,
+            )
+            if final:
+                lost_record = record.evolve(state=records.FAILED, finished_at=records.now(),
+                                            errors=record.errors + (error,))
+            else:
+                lost_record = record.evolve(state=records.READY,
+                                            errors=record.errors + (error,))
+        index = self.index_path(lost_record) if lost_record and lost_record.is_finished else None
+        cleanup = self.cleanup_paths(lost_record) if index else []
 
         def build(txn):
             txn.check(fence, -1)
-            txn.create(self.layout.job(queue, node), records.dumps({"id": job_id}))
+            if index is None:
+                txn.create(self.layout.job(queue, node), records.dumps({"id": job_id}))
             txn.delete(self.layout.assignment(worker_id, job_id))
-            if status is not None and status.record.state == records.RUNNING:
-                from .exceptions import WorkerLost
-
-                lost = WorkerLost(
-                    f"Worker {worker_id!r} vanished while running attempt "
-                    f"{status.record.attempts}; the job was handed back to be run again."
-                )
-                error = records.ErrorRecord(
-                    exception_class_path="zktasks.exceptions.WorkerLost",
-                    message=str(lost), traceback=str(lost) + "\n",
-                    attempt=status.record.attempts, worker_id=worker_id,
-                )
-                record = status.record.evolve(
-                    state=records.READY, errors=status.record.errors + (error,)
-                )
-                txn.set_data(self.layout.status(job_id), record.to_bytes(),
+            if lost_record is not None:
+                txn.set_data(self.layout.status(job_id), lost_record.to_bytes(),
                              version=status.version)
+            if index is not None:
+                txn.create(index, b"")
+                for path in cleanup:
+                    txn.delete(path)
 
         return self._commit_raw(build)
 

@@ -8,7 +8,7 @@ from kazoo.client import KazooClient
 
 from tests import tasks
 from tests.waiting import wait_for_children, wait_until
-from zktasks.records import StatusRecord
+from zktasks.records import ErrorRecord, StatusRecord
 from zktasks.store import Store, failures
 
 
@@ -155,13 +155,9 @@ def test_stale_leader_write_is_refused_by_its_fence(backend, zk_hosts, zk_client
         stale.close()
 
 
-def test_jobs_of_a_vanished_worker_are_handed_back(backend, start_worker, zk_client):
-    """A worker whose session ends mid-job: the leader moves its job back to pending,
-    notes the lost attempt, and another worker runs it (at-least-once)."""
+def _ghost_takes_and_dies(backend, zk_client, job, *, seed_losses=0):
+    """A bare "worker" registers, is assigned `job`, starts it, and its session ends."""
     layout = backend.store.layout
-    # The leader serves another queue, so the only taker of "default" is the ghost.
-    leader = start_worker(name="leader", queues=["other"])
-    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 15, "a leader")
     ghost = KazooClient(hosts=backend.conf.hosts, timeout=4.0)
     ghost.start(timeout=10)
     try:
@@ -170,20 +166,47 @@ def test_jobs_of_a_vanished_worker_are_handed_back(backend, start_worker, zk_cli
         tx.create(layout.worker_assignments("ghost"), b"")
         tx.create(layout.worker("ghost"), data, ephemeral=True)
         assert not failures(tx.commit())
-        job = tasks.add.submit(5, 5)
         wait_for_children(zk_client, layout.worker_assignments("ghost"), lambda c: c == [job.id])
-        # The ghost starts the job the way a worker does, then dies.
         ghost_store = Store(ghost, backend.conf)
         found = ghost_store.read_status(job.id)
-        running = found.record.evolve(state="RUNNING", attempts=1, worker_ids=("ghost",))
+        earlier = tuple(ErrorRecord(exception_class_path="zktasks.exceptions.WorkerLost",
+                                    message="lost", traceback="lost\n", attempt=n + 1)
+                        for n in range(seed_losses))
+        running = found.record.evolve(state="RUNNING", attempts=seed_losses + 1,
+                                      worker_ids=("ghost",), errors=earlier)
         assert ghost_store.start("ghost", job.id, running, found.version) is not None
     finally:
         ghost.stop()
         ghost.close()
+
+
+def test_jobs_of_a_vanished_worker_are_handed_back(backend, start_worker, zk_client):
+    """A worker whose session ends mid-job: the leader moves its job back to pending,
+    notes the lost attempt, and another worker runs it (at-least-once)."""
+    # The leader serves another queue, so the only taker of "default" is the ghost.
+    leader = start_worker(name="leader", queues=["other"])
+    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 15, "a leader")
+    job = tasks.add.submit(5, 5)
+    _ghost_takes_and_dies(backend, zk_client, job)
     survivor = start_worker(name="survivor", concurrency=1)
     result = job.wait(timeout=30)
     assert result.return_value == 10
     assert result.worker_ids == ["ghost", survivor.worker_id]
     assert result.attempts == 2
     assert result.errors[0].exception_class_path == "zktasks.exceptions.WorkerLost"
-    assert not zk_client.exists(layout.worker_assignments("ghost"))
+    assert not zk_client.exists(backend.store.layout.worker_assignments("ghost"))
+
+
+def test_job_that_keeps_losing_its_workers_is_failed_not_rerun(backend, start_worker,
+                                                                 zk_client):
+    leader = start_worker(name="leader", queues=["other"])
+    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 15, "a leader")
+    job = tasks.add.using(unique_key="poison").submit(1, 1)
+    _ghost_takes_and_dies(backend, zk_client, job, seed_losses=2)  # the third loss
+    result = job.wait(timeout=30)
+    assert result.status == "FAILED"
+    assert len(result.errors) == 3
+    assert "3 lost workers" in result.errors[-1].traceback
+    assert zk_client.get_children(backend.store.layout.queue("default")) == []
+    assert zk_client.get_children(backend.store.layout.unique) == []  # key freed
+    assert backend.store.recent_finished(5) == [job.id]
