@@ -28,6 +28,7 @@ from kazoo.exceptions import (
 from kazoo.protocol.states import EventType, KazooState
 
 from . import records
+from .exceptions import ZooKeeperUnavailableError
 from .store import TRANSIENT, Store, failures
 from .tree import job_node_name, parse_delayed_node, parse_job_node
 
@@ -173,9 +174,12 @@ class Leader:
                 self._lead()
             except LeadershipLost as exc:
                 logger.warning("leadership lost worker=%s reason=%s", self.identity, exc)
-            except KazooException as exc:
+            except (KazooException, ZooKeeperUnavailableError) as exc:
                 logger.warning("leader error worker=%s error=%r; contending again",
                                self.identity, exc)
+            except Exception:
+                # A bug in one duty must not leave the cluster without a leader.
+                logger.exception("leader failed worker=%s; contending again", self.identity)
             finally:
                 self._set_leader(False)
                 self._release()
@@ -210,8 +214,10 @@ class Leader:
             self.wake.clear()
             try:
                 self._tick()
-            except TRANSIENT:
-                self.mark("*")  # outcome unknown: re-read the truth after reconnecting
+            except (*TRANSIENT, ZooKeeperUnavailableError):
+                # Outcome unknown: re-read the truth after reconnecting. (A process frozen
+                # past the session timeout wakes with every retry deadline already spent.)
+                self.mark("*")
                 self.wake.wait(0.1)
                 continue
             # Sleep until a watch fires, the next delayed job is due or the next expiry

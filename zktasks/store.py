@@ -78,11 +78,15 @@ class Store:
         limit = time.monotonic() + (deadline if deadline is not None
                                     else self.options.session_timeout)
         delay = 0.02
+        tries = 0
         while True:
             try:
                 return func(*args, **kwargs)
             except TRANSIENT as exc:
-                if time.monotonic() + delay > limit:
+                tries += 1
+                # At least a few tries, however late: a process frozen (SIGSTOP, a long
+                # pause) past the deadline must not give up on its first error.
+                if tries >= 4 and time.monotonic() + delay > limit:
                     raise ZooKeeperUnavailableError(
                         f"ZooKeeper at {self.options.hosts!r} did not answer within "
                         f"{self.options.session_timeout:g}s ({type(exc).__name__}); check "

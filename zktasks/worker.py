@@ -26,18 +26,26 @@ from datetime import timedelta
 
 from django.tasks import task_backends
 from django.tasks.signals import task_finished, task_started
-from kazoo.exceptions import NodeExistsError
+from kazoo.exceptions import KazooException, NodeExistsError
 from kazoo.protocol.states import EventType, KazooState
 
 from . import envelope, records, serialization
 from .client import new_client, start
-from .exceptions import CorruptRecord, PayloadTooLarge, PayloadVerificationError
+from .exceptions import (
+    CorruptRecord,
+    PayloadTooLarge,
+    PayloadVerificationError,
+    ZooKeeperUnavailableError,
+)
 from .executor import Execution, Outcome, make_runner
 from .leader import Leader
 from .records import ErrorRecord, StatusRecord
 from .store import TRANSIENT, Store, Versioned, failures
 
 logger = logging.getLogger(__name__)
+
+
+_STOP = object()
 
 
 @dataclass(order=True)
@@ -208,7 +216,13 @@ class Worker:
         while not stop.is_set() and not self._stopping.is_set():
             self.registered.wait()
             self.leader = Leader(self.store, self.worker_id, stop=stop)
-            self.leader.run()
+            try:
+                self.leader.run()
+            except Exception:
+                # Never leave this worker unable to lead: log, and contend again.
+                logger.exception("leader thread failed worker=%s; contending again",
+                                 self.worker_id)
+                stop.wait(0.5)
 
     # -- events (kazoo's thread: never block, never call ZooKeeper) --------------------
 
@@ -230,43 +244,65 @@ class Worker:
 
     def _main_loop(self) -> None:
         drain_deadline = None
+        retry_later: list[tuple] = []
         while True:
             timeout = 1.0 if drain_deadline is None else 0.2
             try:
                 kind, value = self._events.get(timeout=timeout)
             except queue.Empty:
                 kind, value = None, None
-            if kind == "stop":
-                logger.warning("worker stopping now worker=%s running=%d", self.worker_id,
+                for event in retry_later:  # events whose reads failed: once a second
+                    self._events.put(event)
+                retry_later.clear()
+            try:
+                result = self._dispatch(kind, value, drain_deadline)
+            except (ZooKeeperUnavailableError, KazooException) as exc:
+                # A frozen process (SIGSTOP, a long GC) wakes past every retry deadline:
+                # ZooKeeper errors here are never fatal; the read is simply tried again.
+                logger.warning("ZooKeeper call failed worker=%s event=%s error=%r; retrying",
+                               self.worker_id, kind, exc)
+                if (kind, value) not in retry_later:
+                    retry_later.append((kind, value))
+                continue
+            if result is _STOP:
+                return
+            if isinstance(result, float):
+                drain_deadline = result
+
+    def _dispatch(self, kind, value, drain_deadline):
+        """Handle one event; return _STOP to leave, or a new drain deadline."""
+        if kind == "stop":
+            logger.warning("worker stopping now worker=%s running=%d", self.worker_id,
+                           len(self._running))
+            self._stopping.set()
+            self.runner.stop(force=True)
+            return _STOP
+        if kind == "drain":
+            if self._draining:
+                return None
+            drain_deadline = time.monotonic() + self.drain_timeout
+            self._begin_drain()
+        elif kind == "state":
+            self._handle_state(value)
+        elif kind == "assignments" and not self._lost and not self._paused:
+            self._read_assignments()
+        elif kind == "own" and not self._lost:
+            self._read_own_znode()
+        elif kind == "cancels" and not self._lost:
+            self._read_cancels()
+        elif kind == "finished":
+            pass
+        if drain_deadline is not None:
+            if not self._running:
+                self._stopping.set()
+                return _STOP
+            if time.monotonic() > drain_deadline:
+                logger.warning("drain timed out worker=%s running=%d", self.worker_id,
                                len(self._running))
                 self._stopping.set()
                 self.runner.stop(force=True)
-                return
-            if kind == "drain":
-                if self._draining:
-                    continue
-                drain_deadline = time.monotonic() + self.drain_timeout
-                self._begin_drain()
-            elif kind == "state":
-                self._handle_state(value)
-            elif kind == "assignments" and not self._lost and not self._paused:
-                self._read_assignments()
-            elif kind == "own" and not self._lost:
-                self._read_own_znode()
-            elif kind == "cancels" and not self._lost:
-                self._read_cancels()
-            elif kind == "finished":
-                pass
-            if drain_deadline is not None:
-                if not self._running:
-                    self._stopping.set()
-                    return
-                if time.monotonic() > drain_deadline:
-                    logger.warning("drain timed out worker=%s running=%d", self.worker_id,
-                                   len(self._running))
-                    self._stopping.set()
-                    self.runner.stop(force=True)
-                    return
+                return _STOP
+        return drain_deadline
 
     def _handle_state(self, state) -> None:
         if state == KazooState.SUSPENDED:
@@ -284,10 +320,7 @@ class Worker:
         elif state == KazooState.CONNECTED:
             if self._lost or self.client.client_id[0] != self._session:
                 self._lost = True
-                try:
-                    self._register()
-                except TRANSIENT:
-                    self._events.put(("state", KazooState.CONNECTED))
+                self._register()  # on failure the main loop posts this event again
             else:
                 self._paused = False
                 logger.info("ZooKeeper connection resumed worker=%s", self.worker_id)
@@ -450,6 +483,10 @@ class Worker:
                 self._running[item.job_id] = item.worker_id
             try:
                 self._process(item)
+            except (ZooKeeperUnavailableError, KazooException) as exc:
+                # Typically our session expired mid-job: the leader hands the job back.
+                logger.warning("could not record job=%s error=%r; the leader hands it back "
+                               "once this identity's session is gone", item.job_id, exc)
             except Exception:
                 logger.exception("unexpected error running job=%s; it stays assigned and "
                                  "will be handed back when this worker leaves", item.job_id)

@@ -189,3 +189,27 @@ def test_runworker_explains_wrong_options(runworker, zk_settings, args, message)
     proc = runworker(*args)
     assert proc.wait(30) != 0
     assert message in proc.log_path.read_text()
+
+
+def test_worker_frozen_past_its_session_comes_back_and_keeps_leading(backend, runworker,
+                                                                       zk_client):
+    """SIGSTOP beyond the session timeout, then SIGCONT: every retry deadline has passed
+    when it wakes. The worker must neither exit nor lose its leader thread (it did both)."""
+    proc = runworker("--concurrency", "1", name="frozen")
+    wait_registered(zk_client, backend, 1)
+    layout = backend.store.layout
+    [first_id] = zk_client.get_children(layout.workers)
+    assert tasks.add.submit(1, 1).wait(timeout=30).return_value == 2
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        # Session timeout is 4 s in the test settings: wait until ZooKeeper expires it.
+        wait_for_children(zk_client, layout.workers, lambda c: c == [], timeout=30)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    # It registers again under a new identity, leads again (it is alone) and runs jobs.
+    wait_for_children(zk_client, layout.workers, lambda c: len(c) == 1 and c != [first_id])
+    for i in range(5):
+        assert tasks.add.submit(i, i).wait(timeout=60).return_value == 2 * i
+    assert proc.poll() is None, proc.log_path.read_text()[-3000:]
+    log = proc.log_path.read_text()
+    assert "Exception in thread zktasks-leader" not in log

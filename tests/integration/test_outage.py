@@ -68,3 +68,23 @@ def test_outage_longer_than_the_session_re_registers_the_worker(zk_settings, own
     assert result.return_value == 11
     assert worker.worker_id != first_id  # a new identity after expiry (rule 3)
     assert result.worker_ids == [worker.worker_id]
+
+
+def test_retry_after_a_freeze_still_tries_before_giving_up(zk_settings, own_server):
+    """A process frozen past its deadline (SIGSTOP, a long pause) wakes with the deadline
+    spent: its first transient error must be retried, not turned into a fatal
+    ZooKeeperUnavailableError (the chaos harness saw workers and leader threads die)."""
+    from django.tasks import task_backends
+    from kazoo.exceptions import ConnectionLoss
+
+    store = task_backends["default"].store
+    calls = []
+
+    def first_call_lost_then_fine():
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionLoss("connection lost while we were frozen")
+        return store.client.exists("/")
+
+    assert store.retry(first_call_lost_then_fine, deadline=-1.0) is not None
+    assert len(calls) == 2
