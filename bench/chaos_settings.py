@@ -1,0 +1,30 @@
+"""Django settings for the chaos harness (bench/chaos.py) and the workers it starts.
+
+The harness sets ZKTASKS_CHAOS_HOSTS / ZKTASKS_CHAOS_ROOT / ZKTASKS_CHAOS_SESSION_TIMEOUT
+in its own environment before django.setup(), and passes them on to every runworker.
+"""
+
+import os
+
+SECRET_KEY = "chaos-secret-key-not-for-production"
+DEBUG = False
+USE_TZ = True
+INSTALLED_APPS = ["zktasks"]
+# Task processes call close_old_connections() after each job: a database that costs
+# nothing when never opened.
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+TASKS = {
+    "default": {
+        "BACKEND": "zktasks.backend.ZooKeeperBackend",
+        "QUEUES": [],
+        "OPTIONS": {
+            "HOSTS": os.environ.get("ZKTASKS_CHAOS_HOSTS", "127.0.0.1:2181"),
+            "ROOT": os.environ.get("ZKTASKS_CHAOS_ROOT", "/zktasks-chaos"),
+            "SESSION_TIMEOUT": float(os.environ.get("ZKTASKS_CHAOS_SESSION_TIMEOUT", "3")),
+            # Workers start while the ensemble is still forming its quorum.
+            "CONNECT_TIMEOUT": float(os.environ.get("ZKTASKS_CHAOS_CONNECT_TIMEOUT", "60")),
+        },
+    },
+}

@@ -1,0 +1,49 @@
+"""The chaos harness's task: a side effect that leaves a trace of every execution.
+
+Each run appends two short lines to one per-run file, opened with O_APPEND (one write()
+of a short line is atomic against other appenders) and fsync'd:
+
+    S <job_id> <seq> <attempt> <worker_id> <worker_pid> <task_pid> <time>   run started
+    E <job_id> <seq> <attempt> <worker_id> <worker_pid> <task_pid> <time>   side effect done
+
+An "E" line is the side effect: a job with two "E" lines had its effect twice. A run killed
+between its "S" and its "E" left no effect. bench/chaos.py reads the file afterwards.
+The module lives at the top level of bench/ so that workers started from the repository
+root import it by reference.
+"""
+
+import os
+import random
+import time
+
+from zktasks import zk_task
+
+
+def append_line(path: str, line: str) -> None:
+    """Append one line atomically (O_APPEND, one write) and make it durable (fsync)."""
+    data = line.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(f"short append to {path}: {written} of {len(data)} bytes")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@zk_task(takes_context=True)
+def record_side_effect(context, path, seq, min_ms=10, max_ms=200):
+    """Record the start, sleep a little (so kills land mid-job), record the effect."""
+    result = context.task_result
+    attempt = context.attempt
+    worker_id = result.worker_ids[-1] if result.worker_ids else "?"
+    fields = f"{result.id} {seq} {attempt} {worker_id} {os.getppid()} {os.getpid()}"
+    append_line(path, f"S {fields} {time.time():.6f}\n")
+    # Deterministic per (job, attempt): a rerun sleeps its own time.
+    pause = random.Random(f"{result.id}/{attempt}").uniform(min_ms, max_ms) / 1000
+    time.sleep(pause)
+    done = time.time()
+    append_line(path, f"E {fields} {done:.6f}\n")
+    return {"job_id": result.id, "seq": seq, "attempt": attempt, "worker_id": worker_id,
+            "worker_pid": os.getppid(), "task_pid": os.getpid(), "done_at": done}
