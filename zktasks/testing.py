@@ -1147,6 +1147,9 @@ else:
             elif not server.is_running:
                 log.warning("restarting the session's ZooKeeper %s, left down", server.hosts)
                 server.start()
+        elif not server.is_running:
+            log.warning("restarting the session's ZooKeeper container %s", server.hosts)
+            server.restart()
 
     @pytest.fixture
     def zk_root(zookeeper: ZooKeeperServer | DockerZooKeeper, zk_hosts: str) -> Iterator[str]:

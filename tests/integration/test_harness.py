@@ -200,8 +200,6 @@ def test_plugin_removes_earlier_roots(zk_client: KazooClient, zk_root: str) -> N
 def test_plugin_revives_crashed_session_server(
     zookeeper: ZooKeeperServer, request: pytest.FixtureRequest
 ) -> None:
-    if not isinstance(zookeeper, ZooKeeperServer):
-        pytest.skip("only the local server can be revived")
     zookeeper.kill()
     client = request.getfixturevalue("zk_client")
     assert client.connected
