@@ -1,4 +1,5 @@
-"""Django settings for the chaos harness (bench/chaos.py) and the workers it starts.
+"""Django settings for the chaos harness (bench/chaos.py) and the workers it starts:
+the bench's settings, with ZooKeeper options of its own.
 
 The harness sets ZKTASKS_CHAOS_HOSTS / ZKTASKS_CHAOS_ROOT / ZKTASKS_CHAOS_SESSION_TIMEOUT
 in its own environment before django.setup(), and passes them on to every runworker.
@@ -6,15 +7,9 @@ in its own environment before django.setup(), and passes them on to every runwor
 
 import os
 
-SECRET_KEY = "chaos-secret-key-not-for-production"
-DEBUG = False
-USE_TZ = True
-INSTALLED_APPS = ["zktasks"]
-# Task processes call close_old_connections() after each job: a database that costs
-# nothing when never opened.
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+from bench.settings import *  # noqa: F403 - the same app, database and backend
 
+SECRET_KEY = "chaos-secret-key-not-for-production"
 TASKS = {
     "default": {
         "BACKEND": "zktasks.backend.ZooKeeperBackend",
