@@ -192,6 +192,7 @@ class _Slot:
         self.index = index
         self.process = None
         self.conn = None
+        self._close_lock = threading.Lock()
         self.job_id: str | None = None
         self.cancelled = False
         self.runs = 0
@@ -216,15 +217,18 @@ class _Slot:
         hard_limit = None
         if execution.timeout:
             hard_limit = execution.timeout + max(1.0, execution.timeout * 0.1)
+        conn = self.conn  # a forced stop may clear the attribute from another thread
         try:
-            self.conn.send((self.runs, execution))
-            if not self.conn.poll(hard_limit):
+            if conn is None:
+                raise EOFError("the task process was stopped")
+            conn.send((self.runs, execution))
+            if not conn.poll(hard_limit):
                 self.kill()
                 return _failure(TaskTimeout(
                     f"Job {execution.job_id!r} ran past its {execution.timeout:g}s time "
                     "limit and did not stop at the soft limit; its task process was killed."
                 ))
-            return self.conn.recv()
+            return conn.recv()
         except (EOFError, OSError, BrokenPipeError):
             code = self._reap()
             if self.cancelled:
@@ -266,10 +270,17 @@ class _Slot:
         self._reap()
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-        self.conn = None
-        self.process = None
+        # Called from the runner thread (after EOF) and from a forced stop on the main
+        # thread at once: take the connection under a lock, so only one closes it
+        # (a second close raised EBADF and crashed the worker's exit).
+        with self._close_lock:
+            conn, self.conn = self.conn, None
+            self.process = None
+        if conn is not None:
+            try:
+                conn.close()
+            except OSError:
+                pass
 
 
 def _describe_exit(code) -> str:
