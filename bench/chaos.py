@@ -90,18 +90,6 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-# If the harness dies without cleaning up (SIGKILL, a CI timeout), its workers would go
-# on reconnecting forever. A tiny watchdog per worker, outside the worker's group (so that
-# SIGSTOP and the leftover check leave it alone), kills the group when our end of its stdin
-# pipe closes.
-_WATCHDOG = (
-    "import os, signal, sys\n"
-    "sys.stdin.buffer.read()\n"
-    "try:\n"
-    "    os.killpg(int(sys.argv[1]), signal.SIGKILL)\n"
-    "except OSError:\n"
-    "    pass\n"
-)
 
 
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\w+) (\S+) (.*)$")
@@ -125,9 +113,12 @@ class WorkerProc:
         self.popen = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                                       stdout=self._log, stderr=subprocess.STDOUT,
                                       process_group=0)
-        self.watchdog = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(self.popen.pid)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # If the harness dies without cleaning up (SIGKILL, a CI timeout), its workers
+        # would reconnect forever: the watchdog kills the group. It stays outside the
+        # group, so SIGSTOP and the leftover check leave it alone.
+        from zktasks.testing import start_watchdog
+
+        self.watchdog = start_watchdog(self.popen.pid, in_group=False)
         self.started_at = time.time()
         self.state = "running"   # running | paused | killed | crashed | stopped
         self.ended_at: float | None = None

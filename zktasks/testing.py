@@ -377,14 +377,19 @@ _WATCHDOG = (
 )
 
 
-def _start_watchdog(pgid: int) -> subprocess.Popen[bytes] | None:
+def start_watchdog(pgid: int, *, in_group: bool = True) -> subprocess.Popen[bytes] | None:
+    """Kill process group `pgid` when this interpreter dies (its stdin pipe closes).
+
+    In the group by default; `in_group=False` keeps it out of reach of signals sent to
+    the group (SIGSTOP in fault tests).
+    """
     try:
         return subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(pgid)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            process_group=pgid,
+            **({"process_group": pgid} if in_group else {}),
         )
     except (OSError, subprocess.SubprocessError) as exc:
         # The group vanishes when the JVM died at once; start() reports that.
@@ -659,7 +664,7 @@ class ZooKeeperServer:
                 raise ZooKeeperUnavailable(f"Cannot run {install.java}: {exc}") from exc
         self._proc = proc
         self._paused = False
-        self._watchdog = _start_watchdog(proc.pid)
+        self._watchdog = start_watchdog(proc.pid)
         with _registry_lock:
             _running.add(self)
         log.info("started ZooKeeper %s (pid %s, dir %s)", self.hosts, proc.pid, self.data_dir)

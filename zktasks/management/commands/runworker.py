@@ -30,24 +30,19 @@ def _queues(value: str) -> list[str]:
     return names
 
 
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
-    return number
-
-
-def _non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
-    return number
+def _whole_number(minimum: int):
+    """An argparse type: a whole number of at least `minimum`."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} must not be negative" if minimum == 0
+                else f"{value!r} must be at least {minimum}")
+        return number
+    return parse
 
 
 def _seconds(value: str) -> float:
@@ -71,7 +66,7 @@ class Command(BaseCommand):
         parser.add_argument("--queues", type=_queues, default=None,
                             help="comma-separated queues to serve (default: the backend's "
                                  "QUEUES, or 'default')")
-        parser.add_argument("--concurrency", type=_positive_int, default=None,
+        parser.add_argument("--concurrency", type=_whole_number(1), default=None,
                             help="jobs run at once (default: number of CPUs)")
         parser.add_argument("--pool", choices=["process", "thread"], default="process",
                             help="run jobs in task processes (default; survives crashes and "
@@ -82,7 +77,7 @@ class Command(BaseCommand):
                             help="worker name prefix shown in the dashboard (default: host-pid)")
         parser.add_argument("--no-leader", action="store_true",
                             help="never lead: only run jobs")
-        parser.add_argument("--prefetch", type=_non_negative_int, default=None,
+        parser.add_argument("--prefetch", type=_whole_number(0), default=None,
                             help="jobs assigned beyond --concurrency, waiting here (default: 1)")
         parser.add_argument("--drain-timeout", type=_seconds, default=30.0,
                             help="seconds to let running jobs finish on SIGTERM (default 30)")
