@@ -48,7 +48,8 @@ class LeadershipLost(Exception):
 class WorkerView:
     worker_id: str
     queues: frozenset[str] = frozenset()
-    capacity: int = 1
+    concurrency: int = 1
+    prefetch: int = 0
     draining: bool = False
     assigned: set[str] = field(default_factory=set)
 
@@ -56,8 +57,21 @@ class WorkerView:
         return not self.queues or queue in self.queues
 
     @property
+    def capacity(self) -> int:
+        return self.concurrency + self.prefetch
+
+    @property
     def free(self) -> int:
         return 0 if self.draining else self.capacity - len(self.assigned)
+
+    @property
+    def wants_work(self) -> bool:
+        """Refill once half the prefetched jobs are gone, not after each job: under a
+        backlog that makes assignments batches (one multi for many jobs), and the
+        worker still has jobs queued while the refill travels. A runner never waits:
+        the refill comes before the queue runs dry."""
+        queued = len(self.assigned) - self.concurrency
+        return self.free > 0 and queued <= self.prefetch // 2
 
 
 class Leader:
@@ -381,7 +395,8 @@ class Leader:
             view.draining = True
             return
         view.queues = frozenset(data.get("queues") or ())
-        view.capacity = max(1, int(data.get("concurrency", 1)) + int(data.get("prefetch", 0)))
+        view.concurrency = max(1, int(data.get("concurrency", 1)))
+        view.prefetch = max(0, int(data.get("prefetch", 0)))
         view.draining = bool(data.get("draining"))
 
     # -- duties --------------------------------------------------------------------------
@@ -537,10 +552,11 @@ class Leader:
             (node, queue) for queue, nodes in self.pending.items() for node in nodes
         )
         moves = []
+        eligible = [w for w in self.workers.values() if w.wants_work]
         for node, queue in candidates:
-            workers = [w for w in self.workers.values() if w.free > 0 and w.serves(queue)]
+            workers = [w for w in eligible if w.free > 0 and w.serves(queue)]
             if not workers:
-                if not any(w.free > 0 for w in self.workers.values()):
+                if not any(w.free > 0 for w in eligible):
                     break
                 continue
             target = max(workers, key=lambda w: (w.free, w.worker_id))

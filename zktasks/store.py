@@ -212,6 +212,28 @@ class Store:
             return None
         return Versioned(StatusRecord.from_bytes(data, path=path), stat.version)
 
+    def read_statuses(self, job_ids: Iterable[str]) -> Callable[[str], Versioned | None]:
+        """Send the reads of many status records at once; return a getter for each.
+
+        One round trip for a batch of new assignments instead of one per job. The getter
+        behaves like read_status: None for a missing record, CorruptRecord for garbage;
+        a read cut off by the connection is tried again on its own, with retries.
+        """
+        pending = {job_id: self.client.get_async(self.layout.status(job_id))
+                   for job_id in job_ids}
+
+        def result(job_id: str) -> Versioned | None:
+            path = self.layout.status(job_id)
+            try:
+                data, stat = pending[job_id].get(timeout=self.options.session_timeout)
+            except NoNodeError:
+                return None
+            except (*TRANSIENT, self.client.handler.timeout_exception):
+                return self.read_status(job_id)
+            return Versioned(StatusRecord.from_bytes(data, path=path), stat.version)
+
+        return result
+
     def children(self, path: str, watch=None) -> list[str]:
         try:
             return self.retry(self.client.get_children, path, watch=watch)

@@ -31,6 +31,7 @@ from kazoo.protocol.states import EventType, KazooState
 
 from . import envelope, records, serialization
 from .client import new_client, start
+from .committer import Committer
 from .exceptions import (
     CorruptRecord,
     PayloadTooLarge,
@@ -74,12 +75,17 @@ class Worker:
         self.options = self.backend.conf
         self.queues = sorted(set(queues or []))
         self.concurrency = max(1, int(concurrency))
-        # Small by default: a job prefetched behind a long one waits for it.
-        self.prefetch = 1 if prefetch is None else max(0, int(prefetch))
+        # As Celery's default (4 per process of its pool): under a backlog the leader
+        # then hands out jobs in batches, and a runner never waits for the leader's next
+        # assignment. A job prefetched behind long ones waits for a free runner here:
+        # for long jobs, pass 0 or 1 (runworker --prefetch).
+        self.prefetch = (4 * self.concurrency if prefetch is None
+                         else max(0, int(prefetch)))
         self.pool_name = pool
         self.base_name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.lead = lead
         self.drain_timeout = drain_timeout
+        self.committer: Committer | None = None
         self.worker_id: str | None = None
         self.client = None
         self.store: Store | None = None
@@ -106,6 +112,8 @@ class Worker:
         """Serve until stop() is called; return after a clean exit."""
         self.client = start(new_client(self.options), self.options)
         self.store = Store(self.client, self.options)
+        self.committer = Committer(self.store)
+        self.committer.start()
         self.store.ensure_skeleton()
         for q in self.queues or ["default"]:
             self.store.ensure_queue(q)
@@ -136,6 +144,7 @@ class Worker:
             # may still run: do not wait for it, our session's end hands it back.
             for t in threads:
                 t.join(2.0)
+            self.committer.close(timeout=5.0)
             self._deregister()
             self.runner.stop(force=True)
             self.client.remove_listener(self._on_state)
@@ -293,7 +302,7 @@ class Worker:
         elif kind == "finished":
             pass
         if drain_deadline is not None:
-            if not self._running:
+            if not self._running and not self.committer.pending():
                 self._stopping.set()
                 return _STOP
             if time.monotonic() > drain_deadline:
@@ -345,9 +354,10 @@ class Worker:
                 heapq.heapify(self._ready)
                 self._known -= taken_back
             new = current - self._known
+        fetch = self.store.read_statuses(sorted(new))
         for job_id in sorted(new):
             try:
-                found = self.store.read_status(job_id)
+                found = fetch(job_id)
             except CorruptRecord as exc:
                 self._fail_corrupt(worker_id, job_id, exc)
                 continue
@@ -481,8 +491,9 @@ class Worker:
                     return
                 item = heapq.heappop(self._ready)
                 self._running[item.job_id] = item.worker_id
+            handed_over = False
             try:
-                self._process(item)
+                handed_over = self._process(item)
             except (ZooKeeperUnavailableError, KazooException) as exc:
                 # Typically our session expired mid-job: the leader hands the job back.
                 logger.warning("could not record job=%s error=%r; the leader hands it back "
@@ -493,16 +504,20 @@ class Worker:
             finally:
                 with self._cond:
                     self._running.pop(item.job_id, None)
-                    self._known.discard(item.job_id)
+                    if not handed_over:
+                        # Otherwise it stays known until its outcome is recorded (or
+                        # refused): its assignment is still there until then.
+                        self._known.discard(item.job_id)
                 self._events.put(("finished", item.job_id))
 
-    def _process(self, item: _Queued) -> None:
+    def _process(self, item: _Queued) -> bool:
+        """Run one job; return True if its outcome was handed to the committer."""
         job_id, worker_id = item.job_id, item.worker_id
         record, version = item.found.record, item.found.version
         key = self.options.signing_key
         if record.is_finished:
             self.store.drop_assignment(worker_id, job_id)  # cancelled or already done
-            return
+            return False
         try:
             blob = envelope.open_envelope(record.payload, job_id=job_id,
                                           kind=envelope.PAYLOAD, key=key)
@@ -510,42 +525,80 @@ class Worker:
             logger.error("payload refused job=%s: %s", job_id, exc)
             self._finish(item, record, version, Outcome(
                 ok=False, error=ErrorRecord.from_exception(exc, worker_id=worker_id)))
-            return
+            return False
         now = records.now()
         running = record.evolve(
             state=records.RUNNING, attempts=record.attempts + 1,
             worker_ids=record.worker_ids + (worker_id,),
             started_at=record.started_at or now, last_attempted_at=now,
         )
-        new_version = self.store.start(worker_id, job_id, running, version)
-        if new_version is None:
-            return  # taken back (cancelled, or we were presumed dead): not ours to run
+        running_bytes = running.to_bytes()
+        # Recorded (fenced by our assignment) before the job runs, in a multi shared with
+        # other jobs' writes (committer.py).
+        commit = self.committer.begin(worker_id, job_id, running_bytes, version)
+        if commit.refused:
+            return False  # taken back (cancelled, or we were presumed dead): not ours
         logger.info("job started job=%s task=%s attempt=%d worker=%s", job_id, record.task,
                     running.attempts, worker_id)
-        call = self._load(blob, job_id)
-        self._send(task_started, running, call)
+        call = None
+        if self._wants(task_started) or self._wants(task_finished):
+            call = self._load(blob, job_id)
+            self._send(task_started, running, call)
         outcome = self.runner.run(Execution(
-            job_id=job_id, blob=blob, record_json=running.to_bytes(), timeout=record.timeout,
+            job_id=job_id, blob=blob, record_json=running_bytes, timeout=record.timeout,
         ))
         if not outcome.ok and outcome.retry_delay is None and outcome.error.exception_class_path \
                 in ("zktasks.exceptions.TaskTimeout", "zktasks.exceptions.TaskProcessDied"):
             # The task process could not decide (killed or gone): decide here.
+            if call is None:
+                call = self._load(blob, job_id)
             outcome = self._parent_side_retry(outcome, call, running.attempts)
         if self._stopping.is_set() and not outcome.ok:
             # Killed by a forced stop, not by its own doing: leave the assignment, so the
             # leader hands the job back once our session ends (at-least-once).
             logger.warning("job interrupted by stop job=%s; it will run again elsewhere",
                            job_id)
-            return
-        self._finish(item, running, new_version, outcome, call=call)
+            return False
+        final, requeue = self._final_record(running, outcome, worker_id)
+        with self._cond:  # a next job to start: let this outcome share its multi
+            linger = bool(self._ready) and not self._paused and not self._draining
+        self.committer.finish(commit, final, requeue=requeue, linger=linger,
+                              on_done=lambda ok: self._recorded(item, final, requeue, ok, call))
+        return True
+
+    def _wants(self, signal) -> bool:
+        """Whether a receiver other than django.tasks' own log line listens.
+
+        Django connects a logger to task_started/task_finished in every project; our own
+        log lines ("job started", "job succeeded") say the same, so for that receiver
+        alone a job is not loaded a second time in this process to build its result.
+        """
+        try:
+            sync, asynchronous = signal._live_receivers(type(self.backend))
+        except Exception:  # a private API of Django's: if it changes, send signals
+            return signal.has_listeners(type(self.backend))
+        return any(getattr(r, "__module__", None) != "django.tasks.signals"
+                   for r in (*sync, *asynchronous))
+
+    def _recorded(self, item: _Queued, final: StatusRecord, requeue: bool, ok: bool,
+                  call) -> None:
+        """The committer settled a job's outcome (on its thread): log, signal, forget."""
+        with self._cond:
+            self._known.discard(item.job_id)
+        self._events.put(("finished", item.job_id))
+        if ok:
+            self._report(item, final, requeue, call)
 
     def _finish(self, item: _Queued, running: StatusRecord, version: int, outcome: Outcome,
                 *, call=None) -> None:
         worker_id, job_id = item.worker_id, item.job_id
         final, requeue = self._final_record(running, outcome, worker_id)
         recorded = self.store.finish(worker_id, job_id, final, version, requeue=requeue)
-        if not recorded:
-            return
+        if recorded:
+            self._report(item, final, requeue, call)
+
+    def _report(self, item: _Queued, final: StatusRecord, requeue: bool, call) -> None:
+        worker_id, job_id = item.worker_id, item.job_id
         self.completed += 1
         if requeue:
             logger.warning("job failed, will retry job=%s attempt=%d/%d error=%s", job_id,

@@ -113,15 +113,29 @@ def test_plan_prefers_priority_then_age_and_least_loaded_worker():
     leader.pending = {"default": sorted([job_node_name(0, a), job_node_name(5, b)]),
                       "emails": [job_node_name(0, "0" * 31 + "c")]}
     leader.workers = {
-        "w1": WorkerView("w1", frozenset({"default"}), capacity=1),
-        "w2": WorkerView("w2", frozenset({"default", "emails"}), capacity=2, assigned={"x"}),
-        "w3": WorkerView("w3", frozenset({"default"}), capacity=5, draining=True),
+        "w1": WorkerView("w1", frozenset({"default"}), concurrency=1),
+        "w2": WorkerView("w2", frozenset({"default", "emails"}), concurrency=1, prefetch=1,
+                         assigned={"x"}),
+        "w3": WorkerView("w3", frozenset({"default"}), concurrency=5, draining=True),
     }
     moves = leader.plan()
     assert moves[0] == ("default", job_node_name(5, b), "w2")  # highest priority first
     assert {m[2] for m in moves} == {"w1", "w2"}  # never the draining worker
     assert len(moves) == 2  # capacity: w1 has 1, w2 has 1 free; one job waits
     assert leader.workers["w2"].free == 0 and leader.workers["w1"].free == 0
+
+
+def test_plan_refills_a_busy_worker_once_half_its_prefetch_is_gone():
+    leader = Leader.__new__(Leader)
+    leader.pending = {"default": sorted(job_node_name(0, f"{i:032x}") for i in range(20))}
+    # 2 runners + 8 prefetched: with 2 running and 5 queued it wants nothing yet...
+    busy = WorkerView("w1", concurrency=2, prefetch=8, assigned={f"r{i}" for i in range(7)})
+    leader.workers = {"w1": busy}
+    assert leader.plan() == []
+    # ...with 4 queued (half of 8) it is filled up in one batch.
+    busy.assigned = {f"r{i}" for i in range(6)}
+    moves = leader.plan()
+    assert len(moves) == 4 and busy.free == 0
 
 
 def test_system_check_reports_bad_options(settings):

@@ -78,7 +78,8 @@ class Command(BaseCommand):
         parser.add_argument("--no-leader", action="store_true",
                             help="never lead: only run jobs")
         parser.add_argument("--prefetch", type=_whole_number(0), default=None,
-                            help="jobs assigned beyond --concurrency, waiting here (default: 1)")
+                            help="jobs assigned beyond --concurrency, waiting here (default: 4 per "
+                                 "runner, like Celery; 0 or 1 for long jobs)")
         parser.add_argument("--drain-timeout", type=_seconds, default=30.0,
                             help="seconds to let running jobs finish on SIGTERM (default 30)")
 

@@ -1,0 +1,92 @@
+"""The worker's group commit (committer.py) against a real ZooKeeper: RUNNING is recorded
+before a job runs, and a batch with one stale job records the others."""
+
+import threading
+
+from tests import tasks
+from tests.waiting import wait_for_data
+from zktasks import records
+from zktasks.committer import Committer
+
+
+def test_long_job_shows_running_before_it_ends(backend, start_worker, zk_client, tmp_path):
+    start_worker()
+    release = tmp_path / "release"
+    result = tasks.wait_for_file.submit(str(release), "done")
+    path = backend.store.layout.status(result.id)
+    seen = wait_for_data(zk_client, path, lambda data: data["state"] == records.RUNNING)
+    assert seen["attempts"] == 1
+    release.write_text("go")
+    assert result.wait(timeout=30).return_value == "done"
+    _, stat = zk_client.get(path)
+    assert stat.version == 2  # RUNNING, then the outcome
+
+
+def _assigned_jobs(backend, zk_client, count):
+    """Submit `count` jobs and assign them to a made-up worker, as the leader would."""
+    store = backend.store
+    layout = store.layout
+    worker_id = "committer-test"
+    zk_client.ensure_path(layout.worker_assignments(worker_id))
+    results = [tasks.add.submit(i, i) for i in range(count)]
+    nodes = sorted(zk_client.get_children(layout.queue("default")))
+    # Any znode that exists can stand in for the leader's election fence here.
+    outcome = store.assign(layout.jobs, [("default", n, worker_id) for n in nodes])
+    assert not [r for r in outcome if isinstance(r, Exception)]
+    found = [store.read_status(r.id) for r in results]
+    return store, worker_id, found
+
+
+def test_one_stale_job_does_not_sink_its_batch(backend, zk_client):
+    store, worker_id, found = _assigned_jobs(backend, zk_client, 3)
+    committer = Committer(store)
+    committer.start()
+    done = {}
+    all_done = threading.Event()
+
+    def on_done(job_id):
+        def settle(ok):
+            done[job_id] = ok
+            if len(done) == len(found):
+                all_done.set()
+        return settle
+
+    commits = []
+    for v in found:
+        running = v.record.evolve(state=records.RUNNING, attempts=1, worker_ids=(worker_id,),
+                                  started_at=records.now())
+        commit = committer.begin(worker_id, v.record.id, running.to_bytes(), v.version)
+        assert not commit.refused
+        commits.append((commit, running))
+    # The middle job is taken back (as the leader does for a worker presumed dead).
+    stale = found[1].record.id
+    zk_client.delete(store.layout.assignment(worker_id, stale))
+    # Holding the committer's lock while queueing makes the three outcomes one batch.
+    with committer._cond:
+        for commit, running in commits:
+            final = running.evolve(state=records.SUCCESSFUL, finished_at=records.now())
+            committer.finish(commit, final, requeue=False, on_done=on_done(running.id))
+    assert all_done.wait(30)
+    assert committer.close(timeout=10)
+    assert done == {found[0].record.id: True, stale: False, found[2].record.id: True}
+    for v in found:
+        record = store.read_status(v.record.id).record
+        expected = records.RUNNING if v.record.id == stale else records.SUCCESSFUL
+        assert record.state == expected
+    # The recorded jobs' assignments went in the same multis as their outcomes.
+    assert zk_client.get_children(store.layout.worker_assignments(worker_id)) == []
+
+
+def test_a_start_on_a_taken_back_assignment_is_refused(backend, zk_client):
+    store, worker_id, [found] = _assigned_jobs(backend, zk_client, 1)
+    zk_client.delete(store.layout.assignment(worker_id, found.record.id))
+    committer = Committer(store)
+    committer.start()
+    try:
+        running = found.record.evolve(state=records.RUNNING, attempts=1)
+        commit = committer.begin(worker_id, found.record.id, running.to_bytes(),
+                                 found.version)
+        assert commit.refused  # the worker does not run it
+        assert store.read_status(found.record.id).record.state == records.READY
+    finally:
+        assert committer.close(timeout=10)

@@ -1,0 +1,288 @@
+"""Group commit of a worker's writes: the starts and outcomes of many jobs in one multi.
+
+Recording RUNNING and then the outcome as two transactions per job, each waited for by
+the runner thread, cost a worker four round trips per job. Here runner threads hand
+their writes to one committer thread:
+
+* A start is written at once, and the runner waits for it: a job never runs before its
+  attempt is recorded (so `attempts` counts every run, and nothing starts while
+  ZooKeeper is out of reach).
+* An outcome is not waited for: the runner takes its next job while it is written. When
+  the runner has a next job, the outcome lingers until that job's start comes, so one
+  multi records the end of one job and the start of the next; under a backlog the writes
+  of all runner threads share a multi (group commit, as databases do it).
+
+Each job's ops keep the fences of Store.start/finish: its assignment znode must still be
+there and the status version must be the one this worker read (or wrote). A multi is all
+or nothing, so when one op of a batch fails the batch is committed again job by job, and
+only the stale job's write is refused. Batches go one at a time, in order. kazoo has no
+recipe for this; it is the store's own `transaction()`, batched.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kazoo.exceptions import KazooException
+
+from . import records
+from .exceptions import ZooKeeperUnavailableError
+from .records import StatusRecord
+from .store import LANDED, Store, failures
+
+logger = logging.getLogger(__name__)
+
+LINGER = 0.005             # seconds an outcome may wait for the next start to share a multi
+MAX_BATCH_BYTES = 512_000  # well under jute.maxbuffer (1 MB) for the whole request
+MAX_BATCH_JOBS = 200
+
+
+@dataclass(slots=True, eq=False)
+class Commit:
+    """One job's writes, as the committer tracks them."""
+
+    worker_id: str
+    job_id: str
+    version: int                       # the status version the next write must match
+    start: bytes | None = None         # RUNNING record not written yet
+    due: float = 0.0                   # when it must be written at the latest
+    started: threading.Event = field(default_factory=threading.Event)
+    refused: bool = False              # its start was refused: the job is not ours
+    final: StatusRecord | None = None
+    requeue: bool = False
+    on_done: Callable[[bool], None] | None = None
+    _final_ops: tuple | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    commit: Commit
+    kind: str          # "start" or "finish"
+    data: bytes
+    version: int
+    creates: tuple[str, ...] = ()
+    deletes: tuple[str, ...] = ()
+
+
+class Committer:
+    """Batch the start and finish writes of one worker's jobs; one thread commits."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.layout = store.layout
+        self._cond = threading.Condition()
+        self._waiting: dict[int, Commit] = {}  # insertion-ordered; keyed by id(commit)
+        self._busy = False
+        self._closing = False
+        self._abandoned = False
+        self._thread: threading.Thread | None = None
+        self.transactions = 0
+
+    # -- runner threads ----------------------------------------------------------------
+
+    def begin(self, worker_id: str, job_id: str, running: bytes, version: int) -> Commit:
+        """Record RUNNING for a job about to run; block until written or refused.
+
+        Return the job's handle; `handle.refused` means the assignment is not ours any
+        more (taken back, or our session ended): do not run the job.
+        """
+        commit = Commit(worker_id, job_id, version, start=running, due=time.monotonic())
+        with self._cond:
+            self._waiting[id(commit)] = commit
+            self._cond.notify()
+        commit.started.wait()
+        return commit
+
+    def finish(self, commit: Commit, final: StatusRecord, *, requeue: bool,
+               on_done: Callable[[bool], None], linger: bool = False) -> None:
+        """Queue the outcome of a started job; `on_done(recorded)` is called once settled.
+
+        With `linger`, the write waits up to LINGER seconds for company (the caller is
+        about to start another job); otherwise it goes at once.
+        """
+        with self._cond:
+            commit.final, commit.requeue, commit.on_done = final, requeue, on_done
+            commit.due = time.monotonic() + (LINGER if linger else 0.0)
+            self._waiting[id(commit)] = commit
+            self._cond.notify()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._waiting) + (1 if self._busy else 0)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="zktasks-committer",
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float) -> bool:
+        """Write everything waiting, then stop; return True if nothing was left."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._cond:
+            self._abandoned = True  # the thread gives up at its next turn
+            left = len(self._waiting)
+            for commit in self._waiting.values():
+                commit.refused = commit.start is not None or commit.refused
+                commit.started.set()  # never leave a runner thread waiting
+        if left:
+            logger.warning("%d job write(s) not recorded at exit; the leader hands those "
+                           "jobs back once this worker's session ends", left)
+        return left == 0
+
+    # -- the committer thread ----------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._abandoned:
+                    return
+                batch = self._take()
+                while not batch:
+                    if self._closing and not self._waiting:
+                        return
+                    self._cond.wait(self._wait_time())
+                    batch = self._take()
+                self._busy = True
+            try:
+                self._flush(batch)
+            except Exception:
+                # Never lose the thread: put the writes back and try again shortly.
+                logger.exception("committer failed; retrying")
+                self._put_back(batch)
+                time.sleep(0.5)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _wait_time(self) -> float | None:
+        if not self._waiting:
+            return 0.1 if self._closing else None
+        return max(0.0, min(c.due for c in self._waiting.values()) - time.monotonic())
+
+    def _take(self) -> list[_Op]:
+        """Under the lock: if anything is due, snapshot everything waiting (up to the
+        batch limits): writes that are not due yet ride along for free."""
+        now = time.monotonic()
+        if not self._closing and not any(c.due <= now for c in self._waiting.values()):
+            return []
+        ops: list[_Op] = []
+        size = 0
+        for key, commit in list(self._waiting.items()):
+            op = self._op(commit)
+            ops.append(op)
+            size += len(op.data)
+            del self._waiting[key]
+            if size >= MAX_BATCH_BYTES or len(ops) >= MAX_BATCH_JOBS:
+                break
+        return ops
+
+    def _op(self, commit: Commit) -> _Op:
+        if commit.start is not None:
+            return _Op(commit, "start", commit.start, commit.version)
+        if commit._final_ops is None:
+            final = commit.final
+            creates = []
+            if commit.requeue:
+                creates.append((self.store.waiting_path(final),
+                                records.dumps({"id": final.id, "task": final.task})))
+            deletes = []
+            if final.is_finished:
+                creates.append((self.store.index_path(final), b""))
+                deletes.extend(self.store.cleanup_paths(final))
+            commit._final_ops = (final.to_bytes(), tuple(creates), tuple(deletes))
+        data, creates, deletes = commit._final_ops
+        return _Op(commit, "finish", data, commit.version, creates, deletes)
+
+    def _build(self, ops: list[_Op]):
+        def build(txn):
+            for op in ops:
+                c = op.commit
+                assignment = self.layout.assignment(c.worker_id, c.job_id)
+                status = self.layout.status(c.job_id)
+                if op.kind == "start":
+                    txn.check(assignment, -1)
+                    txn.set_data(status, op.data, version=op.version)
+                    continue
+                txn.delete(assignment)
+                txn.set_data(status, op.data, version=op.version)
+                for path, data in op.creates:
+                    txn.create(path, data)
+                for path in op.deletes:
+                    txn.delete(path)
+        return build
+
+    def _flush(self, ops: list[_Op]) -> None:
+        first = ops[0]
+        first_status = self.layout.status(first.commit.job_id)
+        try:
+            results = self.store.commit(
+                self._build(ops),
+                landed=lambda: self.store._written(first_status, first.data),
+            )
+        except (ZooKeeperUnavailableError, KazooException) as exc:
+            logger.warning("could not record %d job write(s): %r; retrying", len(ops), exc)
+            self._resolve(ops, first_status, first.data)
+            return
+        self.transactions += 1
+        if results is LANDED or not failures(results):
+            for op in ops:
+                self._settle(op, True)
+            return
+        if len(ops) == 1:
+            self._settle(ops[0], False, failures(results))
+            return
+        for op in ops:  # find the stale job: one multi each
+            self._flush([op])
+
+    def _resolve(self, ops: list[_Op], first_status: str, first_data: bytes) -> None:
+        """After an error the batch may or may not have landed (rule 4): read, then
+        settle it or queue it again. A multi is atomic, so its first write tells."""
+        while True:
+            try:
+                landed = self.store.retry(self.store._written, first_status, first_data)
+                break
+            except (ZooKeeperUnavailableError, KazooException):
+                if self._closing:
+                    self._put_back(ops)
+                    return
+                time.sleep(0.5)
+        if landed:
+            for op in ops:
+                self._settle(op, True)
+        else:
+            self._put_back(ops)
+
+    def _put_back(self, ops: list[_Op]) -> None:
+        with self._cond:
+            for op in ops:
+                self._waiting[id(op.commit)] = op.commit
+
+    def _settle(self, op: _Op, ok: bool, reason=None) -> None:
+        c = op.commit
+        if op.kind == "start":
+            with self._cond:
+                c.start = None
+                if ok:
+                    c.version = op.version + 1
+                else:
+                    c.refused = True
+                    logger.info("start refused job=%s worker=%s errors=%s", c.job_id,
+                                c.worker_id, reason)
+            c.started.set()
+            return
+        if not ok:
+            logger.warning("outcome dropped job=%s worker=%s reason=%s", c.job_id,
+                           c.worker_id, reason)
+        try:
+            c.on_done(ok)
+        except Exception:
+            logger.exception("callback failed job=%s", c.job_id)
