@@ -57,7 +57,8 @@ def test_the_overview_counts_and_links_them(admin_client, backend, zk_client):
     state = dashboard.live_state(backend)
     wait_until(lambda: state.snapshot()["totals"]["dead_letters"] == 1, 20, "count")
     html = admin_client.get(url("zktasks_overview")).content.decode()
-    assert f'href="{url("zktasks_deadletters")}" data-live="totals.dead_letters">1<' in html
+    assert (f'<a href="{url("zktasks_deadletters")}"><span data-live="totals.dead_letters">'
+            '1</span> dead letters</a>') in html
 
 
 def test_requeue_after_a_confirmation_runs_the_job(admin_client, backend, zk_client,
