@@ -5,6 +5,7 @@ The public API is `__all__`; everything else is internal.
 
 from .exceptions import (
     ConfigurationError,
+    DeadLetterRefused,
     InvalidTaskError,
     JobCancelled,
     JobNotFound,
@@ -27,6 +28,7 @@ __all__ = [
     "ZkTaskResult",
     "ZkTasksError",
     "ConfigurationError",
+    "DeadLetterRefused",
     "InvalidTaskError",
     "JobCancelled",
     "JobNotFound",

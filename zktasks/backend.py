@@ -26,6 +26,8 @@ from .client import get_client
 from .conf import Options
 from .exceptions import (
     ConfigurationError,
+    CorruptRecord,
+    DeadLetterRefused,
     InvalidTaskError,
     JobCancelled,
     JobNotFound,
@@ -383,20 +385,120 @@ class ZooKeeperBackend(BaseTaskBackend):
         record = found.record
         if record.state != records.FAILED or record.finished_at is None:
             return False
-        again = record.evolve(state=records.READY, finished_at=None, run_after=None,
-                              max_attempts=record.attempts + 1)
-        index = store.index_path(record)
+        return self._send_back(store, found)
+
+    def _send_back(self, store: Store, found, *, also=None, note: dict | None = None) -> bool:
+        """Make a job READY and waiting again in one multi (fenced by its status version).
+
+        A FAILED job gets one more attempt (retry); a READY or RUNNING one that nobody
+        holds (re-queued from the dead letters) keeps its attempts. `also(txn)` adds ops to
+        the multi, `note` is appended to the record's extra["requeued"].
+        """
+        record = found.record
+        failed = record.state == records.FAILED and record.finished_at is not None
+        changes = {"state": records.READY, "finished_at": None, "run_after": None}
+        if failed:
+            changes["max_attempts"] = record.attempts + 1
+        if note is not None:
+            changes["extra"] = {**record.extra,
+                                "requeued": [*record.extra.get("requeued", []), note]}
+        again = record.evolve(**changes)
+        index = store.index_path(record) if failed else None
+        store.ensure_queue(record.queue)
         waiting = store.waiting_path(again)
-        status_path = store.layout.status(job_id)
+        status_path = store.layout.status(record.id)
         data = again.to_bytes()
 
         def build(txn):
             txn.set_data(status_path, data, version=found.version)
-            txn.delete(index)
-            txn.create(waiting, records.dumps({"id": job_id, "task": record.task}))
+            if index:
+                txn.delete(index)
+            txn.create(waiting, records.dumps({"id": record.id, "task": record.task}))
+            if also:
+                also(txn)
 
         results = store.commit(build, landed=lambda: store._written(status_path, data))
         return not failures(results)
+
+    # -- dead letters --------------------------------------------------------------------
+
+    def dead_letters(self, limit: int = 50, *, after: str | None = None) -> list:
+        """Entries of the dead-letter place (deadletter.DeadLetter), newest first."""
+        from . import deadletter
+
+        return deadletter.listing(self.store, limit, after=after)
+
+    def discard_dead_letter(self, name: str) -> bool:
+        """Forget a dead-letter entry; False if it was gone already."""
+        from . import deadletter
+
+        return deadletter.discard(self.store, name)
+
+    def requeue_dead_letter(self, name: str) -> str:
+        """Send the job a dead-letter entry refers to back to its queue; return its id.
+
+        One multi: its status back to READY (noted in extra["requeued"]), its waiting
+        node created, the entry deleted. Raise DeadLetterRefused saying why when there is
+        nothing sensible to run: no job, no readable status record, no payload, a payload
+        this process's SIGNING_KEY does not verify, a job that succeeded, or one a worker
+        holds or that is waiting already.
+        """
+        from . import deadletter
+
+        store = self.store
+        letter = deadletter.read(store, name)
+        if letter is None:
+            raise DeadLetterRefused(f"No dead-letter entry {name!r} (re-queued or discarded "
+                                    "already).")
+        job_id = letter.job_id
+        if not job_id or not is_job_id(job_id):
+            what = letter.meaning or "an unreadable entry"
+            raise DeadLetterRefused(f"Entry {name!r} refers to no job ({what}): there is "
+                                    "nothing to re-queue; discard it.")
+        try:
+            found = store.read_status(job_id)
+        except CorruptRecord as exc:
+            raise DeadLetterRefused(f"{exc} Nothing can be re-queued from it; discard the "
+                                    "entry and submit the job again.") from exc
+        if found is None:
+            raise DeadLetterRefused(f"Job {job_id} has no status record (expired, purged, or "
+                                    "never submitted): nothing to re-queue; discard the entry.")
+        record = found.record
+        if record.payload is None:
+            raise DeadLetterRefused(f"Job {job_id} holds no payload (its record was corrupt "
+                                    "and replaced): nothing to run; discard the entry and "
+                                    "submit the job again.")
+        try:
+            envelope.open_envelope(record.payload, job_id=job_id, kind=envelope.PAYLOAD,
+                                   key=self.conf.signing_key)
+        except PayloadVerificationError as exc:
+            raise DeadLetterRefused(f"{exc} Set the same SIGNING_KEY on web processes and "
+                                    "workers, then re-queue it.") from exc
+        if record.state == records.SUCCESSFUL:
+            raise DeadLetterRefused(f"Job {job_id} succeeded already; discard the entry.")
+        if record.state != records.FAILED:
+            holder = self._holder(store, job_id)
+            if holder:
+                raise DeadLetterRefused(f"Job {job_id} is assigned to worker {holder!r} "
+                                        "already; discard the entry.")
+        entry_path = store.layout.dead_letter(name)
+        note = {"at": records.now().isoformat(), "entry": name, "kind": letter.kind,
+                "reason": letter.reason}
+        if not self._send_back(store, found, note=note,
+                               also=lambda txn: txn.delete(entry_path, version=letter.version)):
+            raise DeadLetterRefused(f"Job {job_id} changed meanwhile, is waiting already, or "
+                                    "the entry was handled by somebody else; look again.")
+        logger.warning("job re-queued from the dead letters job=%s entry=%s", job_id, name)
+        return job_id
+
+    @staticmethod
+    def _holder(store: Store, job_id: str) -> str | None:
+        """The worker holding an assignment of the job, if any (rare action: reads each
+        worker's assignments parent)."""
+        for owner in store.children(store.layout.assignments):
+            if store.client.exists(store.layout.assignment(owner, job_id)) is not None:
+                return owner
+        return None
 
     def purge(self, *, states=("SUCCESSFUL", "FAILED"), older_than=None) -> int:
         """Delete finished records (by state, finished longer ago than `older_than`)."""

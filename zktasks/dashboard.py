@@ -656,6 +656,13 @@ def history(record: StatusRecord) -> list[tuple[datetime | None, str]]:
         where = f" on {error.worker_id}" if error.worker_id else ""
         events.append((None, f"attempt {error.attempt or '?'}{where} ended with "
                              f"{error.exception_class_path}"))
+    for note in record.extra.get("requeued") or ():
+        if isinstance(note, dict):
+            try:
+                at = datetime.fromisoformat(note.get("at"))
+            except (TypeError, ValueError):
+                at = None
+            events.append((at, f"re-queued from the dead letters ({note.get('kind') or '?'})"))
     if record.attempts > 1 and record.last_attempted_at:
         last = record.worker_ids[-1] if record.worker_ids else "?"
         events.append((record.last_attempted_at,
@@ -718,7 +725,7 @@ class LiveState:
     Watch callbacks run on kazoo's event thread: they only add a key to `_dirty` under
     a lock and wake this object's thread, which does every read (rule 5). Keys:
     "*" (everything), "workers", "w:{id}", "a:{id}", "queues", "q:{queue}", "delayed",
-    "leader", "finished", "b:{bucket}", "j:{job_id}".
+    "leader", "finished", "b:{bucket}", "j:{job_id}", "deadletter".
     """
 
     MIN_INTERVAL = 1.0      # seconds between two reads of one path
@@ -754,6 +761,7 @@ class LiveState:
         self.jobs: dict[str, dict] = {}
         self.job_polled: dict[str, float] = {}
         self.topics: dict[str, int] = {}
+        self.dead_letters: tuple[int, str] = (0, "")  # count, newest name
         self._thread = threading.Thread(target=self._run, name="zktasks-dashboard-live",
                                         daemon=True)
         client.add_listener(self._on_state)
@@ -860,6 +868,7 @@ class LiveState:
                 "running": sum(running.values()),
                 "succeeded": succeeded,
                 "failed": failed,
+                "dead_letters": self.dead_letters[0],
             },
             "throughput": self._throughput(),
             "recent_failures": list(self.failures),
@@ -1048,6 +1057,10 @@ class LiveState:
         leader = self.leader
         if full or "leader" in dirty:
             leader = self._read_leader()
+        dead = None
+        if full or "deadletter" in dirty:
+            names = self._children([(layout.deadletter, "deadletter")])[layout.deadletter]
+            dead = (len(names or ()), max(names or [""]))
 
         # The finished index.
         bucket_names = set(self.buckets)
@@ -1122,6 +1135,9 @@ class LiveState:
 
             self._bump("leader", leader != self.leader)
             self.leader = leader
+            if dead is not None:
+                self._bump("deadletter", dead != self.dead_letters)
+                self.dead_letters = dead
 
             old_totals = _totals(self.buckets)
             for b in set(self.buckets) - bucket_names:

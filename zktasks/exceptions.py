@@ -65,3 +65,7 @@ class Retry(ZkTasksError):
     def __init__(self, message: str = "retry requested", *, delay: float | None = None):
         super().__init__(message)
         self.delay = delay
+
+
+class DeadLetterRefused(ZkTasksError):
+    """A dead-letter entry cannot be re-queued (or is gone); the message says why."""

@@ -27,8 +27,8 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import EventType, KazooState
 
-from . import records
-from .exceptions import ZooKeeperUnavailableError
+from . import deadletter, records
+from .exceptions import CorruptRecord, ZooKeeperUnavailableError
 from .store import TRANSIENT, Store, failures
 from .tree import job_node_name, parse_delayed_node, parse_job_node
 
@@ -102,6 +102,7 @@ class Leader:
         self._listed_at: dict[str, float] = {}
         self._deferred: set[str] = set()
         self._broken_schedules: set[str] = set()
+        self._stuck_garbage: set[str] = set()  # paths that could not be moved aside
 
     # -- election ----------------------------------------------------------------------
 
@@ -298,10 +299,18 @@ class Leader:
             fresh = [n for n in names if n in known or parse_job_node(n)]
             self.pending[queue] = sorted(fresh)
             self._listed_at[queue] = now
+            for name in set(names) - set(fresh):
+                self._move_aside(self.layout.job(queue, name), kind="foreign_name",
+                                 reason=f"{name!r} in queue {queue!r} is not a pending job's "
+                                        "name ('{100-priority:03d}-{job_id}').")
 
         if full or "delayed" in dirty:
             names = self.store.children(self.layout.delayed, watch=self._watch("delayed"))
             self.delayed = sorted(n for n in names if parse_delayed_node(n))
+            for name in set(names) - set(self.delayed):
+                self._move_aside(self.layout.delayed_job(name), kind="foreign_name",
+                                 reason=f"{name!r} in delayed/ is not a delayed job's name "
+                                        "('{due_ms}-{100-priority}-{job_id}-{queue}').")
 
     def _until_next_due(self) -> float:
         if not self.delayed:
@@ -420,20 +429,30 @@ class Leader:
     def _requeue(self, owner: str, job_id: str) -> None:
         path = self.layout.assignment(owner, job_id)
         try:
-            raw, _ = self.client.get(path)
-            info = records.loads(raw, path=path)
-            queue, node = info["queue"], info["node"]
+            raw, stat = self.client.get(path)
         except NoNodeError:
             return
-        except Exception as exc:
-            logger.error("unreadable assignment path=%s error=%s; removing it", path, exc)
-            self.client.delete(path)
+        try:
+            info = records.loads(raw, path=path)
+            queue, node = str(info["queue"]), str(info["node"])
+        except (CorruptRecord, KeyError) as exc:
+            self._move_aside(path, raw=raw, version=stat.version, job_id=job_id,
+                             kind="unreadable_assignment",
+                             reason=f"Assignment of vanished worker {owner!r}: {exc}")
             return
         try:
             status = self.store.read_status(job_id)
-        except Exception as exc:
+        except CorruptRecord as exc:
+            # Handed back as it is: the worker that gets it fails it and keeps its bytes.
             logger.error("unreadable status job=%s error=%s", job_id, exc)
             status = None
+        else:
+            if status is None:
+                self._move_aside(path, raw=raw, version=stat.version, job_id=job_id,
+                                 kind="no_status",
+                                 reason=f"Job {job_id} of vanished worker {owner!r} has no "
+                                        "status record.")
+                return
         results = self.store.requeue(self.fence, owner, job_id, queue, node, status)
         failed = failures(results)
         if failed:
@@ -444,6 +463,41 @@ class Leader:
         logger.warning("job of a vanished worker handled job=%s from=%s (handed back, or "
                        "failed after too many lost workers)", job_id, owner)
         self.mark(f"q:{queue}")
+
+    def _move_aside(self, path: str, *, kind: str, reason: str, job_id: str | None = None,
+                    raw: bytes | None = None, version: int | None = None) -> None:
+        """Move garbage to the dead letters in a fenced multi, logging it once.
+
+        Once moved, the name is gone from the listing, so it is neither re-read nor logged
+        again. One that cannot be moved (it has children) is logged once and then only
+        skipped; one changed or removed meanwhile is simply looked at again next time.
+        """
+        if path in self._stuck_garbage:
+            return
+        if raw is None:
+            try:
+                raw, stat = self.store.retry(self.client.get, path)
+            except NoNodeError:
+                return
+            version = stat.version
+        entry, failed = deadletter.move_aside(
+            self.store, path, raw, version, kind=kind, reason=reason, job_id=job_id,
+            by=f"leader {self.identity}", fence=self.fence)
+        if not failed:
+            logger.error("garbage moved aside path=%s kind=%s entry=%s reason=%s", path, kind,
+                         entry, reason)
+            return
+        self._raise_if_fence(failed)
+        error = failed[0][1]
+        if isinstance(error, NotEmptyError):
+            if len(self._stuck_garbage) > 10_000:
+                self._stuck_garbage.clear()
+            self._stuck_garbage.add(path)
+            logger.error("garbage not moved aside path=%s: it has children; delete it by "
+                         "hand (it is skipped meanwhile)", path)
+        else:
+            logger.info("garbage changed before it was moved aside path=%s error=%r", path,
+                        error)
 
     def _promote_due(self) -> None:
         """Move delayed jobs whose time has come to their queue, in fenced batches."""

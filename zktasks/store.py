@@ -270,12 +270,13 @@ class Store:
         return results[1].version
 
     def finish(self, worker_id: str, job_id: str, final: StatusRecord, version: int,
-               *, requeue: bool = False) -> bool:
+               *, requeue: bool = False, dead_letter: tuple[str, bytes] | None = None) -> bool:
         """Record the outcome and delete our assignment in one multi.
 
         Fenced by the assignment znode (ours) and the status version (no newer attempt
         wrote since we started). With `requeue`, the job also goes back to wait (pending,
-        or delayed until its run_after) in the same multi.
+        or delayed until its run_after) in the same multi. `dead_letter` is a
+        (path, data) entry (deadletter.entry) created in the same multi too.
         Return False when the write was refused: the result is stale and dropped.
         """
         requeue_path = self.waiting_path(final) if requeue else None
@@ -294,6 +295,8 @@ class Store:
                 txn.create(index_path, b"")
             for path in cleanup:
                 txn.delete(path)
+            if dead_letter:
+                txn.create(*dead_letter)
 
         def landed():
             return self._written(status_path, data)

@@ -44,12 +44,18 @@ LAYOUT = (
      "multi that creates the tick's job"),
     ("{root}/status/{job_id}", "PERSISTENT", "submitters, workers, the leader",
      "the job's state record: JSON (payload and result inside are HMAC-signed dill)"),
+    ("{root}/deadletter/{at_ms:013d}-{16 random hex}", "PERSISTENT",
+     "the leader and workers, moving garbage aside (in the multi that deletes it)",
+     "garbage found in the tree, kept for people: JSON path, kind, reason, at, by, job_id, "
+     "size, data (base64 of the first bytes), truncated. Names sort by time. The dashboard "
+     "lists them; re-queueing or discarding one deletes it"),
 )
 
 QUEUE_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}$")
 JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _JOB_NODE_RE = re.compile(r"^(\d{3})-([0-9a-f]{32})$")
 _DELAYED_RE = re.compile(r"^(\d{13})-(\d{3})-([0-9a-f]{32})-(.+)$")
+_DEAD_LETTER_RE = re.compile(r"^(\d{13})-[0-9a-f]{16}$")
 
 
 _id_lock = threading.Lock()
@@ -106,6 +112,18 @@ def parse_delayed_node(name: str) -> tuple[int, int, str, str] | None:
     if not match:
         return None
     return int(match.group(1)), 100 - int(match.group(2)), match.group(3), match.group(4)
+
+
+def dead_letter_name(at_ms: int) -> str:
+    """Name a dead-letter entry: its time first (a plain sort is by time), then 16 random
+    hex digits, so two processes moving garbage aside in the same millisecond never meet."""
+    return f"{at_ms:013d}-{secrets.token_hex(8)}"
+
+
+def parse_dead_letter_name(name: str) -> int | None:
+    """Return the time (ms) of a dead-letter entry's name, or None for a foreign name."""
+    match = _DEAD_LETTER_RE.match(name)
+    return int(match.group(1)) if match else None
 
 
 BUCKET_MS = 10_000
@@ -191,6 +209,13 @@ class Layout:
         return f"{self.cancel}/{job_id}"
 
     @property
+    def deadletter(self) -> str:
+        return f"{self.root}/deadletter"
+
+    def dead_letter(self, name: str) -> str:
+        return f"{self.deadletter}/{name}"
+
+    @property
     def assignments(self) -> str:
         return f"{self.root}/assignments"
 
@@ -222,4 +247,5 @@ class Layout:
     def skeleton(self) -> tuple[str, ...]:
         """The persistent parents every process may assume once created."""
         return (self.leader, self.workers, self.jobs, self.delayed, self.assignments,
-                self.status_dir, self.finished, self.unique, self.cancel, self.schedules)
+                self.status_dir, self.finished, self.unique, self.cancel, self.schedules,
+                self.deadletter)

@@ -19,9 +19,9 @@ from django.urls import path, reverse
 from django.utils.http import urlencode
 from kazoo.exceptions import NoNodeError
 
-from . import dashboard, records
+from . import dashboard, deadletter, records
 from .admin import can_manage
-from .exceptions import CorruptRecord, JobNotFound
+from .exceptions import CorruptRecord, DeadLetterRefused, JobNotFound
 from .models import Job
 from .tree import BUCKET_MS, QUEUE_RE, is_job_id
 
@@ -29,12 +29,16 @@ _JOB_NODE = re.compile(r"^\d{3}-[0-9a-f]{32}$")
 _DELAYED_NODE = re.compile(r"^\d{13}-\d{3}-[0-9a-f]{32}-.+$")
 _RESULTS_CURSOR = re.compile(r"^\d{13}/[0-9a-f]{32}$")
 _WORKER_ID = re.compile(r"^[^/\x00]{1,255}$")
+_ENTRY_NAME = re.compile(r"^(?!\.\.?$)[^/\x00]{1,255}$")  # any znode name (garbage too)
+
+DEAD_LETTER_PREVIEW = 2_000  # characters of an entry's data shown
 
 TABS = (
     ("overview", "Overview", "zktasks_overview"),
     ("pending", "Pending", "zktasks_pending"),
     ("assignments", "Assignments", "zktasks_assignments"),
     ("results", "Results", "zktasks_job_changelist"),
+    ("deadletters", "Dead letters", "zktasks_deadletters"),
     ("tree", "Tree", "zktasks_tree"),
 )
 AGES = (
@@ -108,6 +112,11 @@ class DashboardViews:
             path(f"{label}/assignments/", wrap(self.assignments),
                  name="zktasks_assignments"),
             path(f"{label}/tree/", wrap(self.tree), name="zktasks_tree"),
+            path(f"{label}/deadletters/", wrap(self.dead_letters), name="zktasks_deadletters"),
+            path(f"{label}/deadletters/<str:name>/requeue/", wrap(self.dead_letter_requeue),
+                 name="zktasks_deadletter_requeue"),
+            path(f"{label}/deadletters/<str:name>/discard/", wrap(self.dead_letter_discard),
+                 name="zktasks_deadletter_discard"),
             path(f"{label}/purge/", wrap(self.purge), name="zktasks_purge"),
             path(f"{label}/workers/<str:worker_id>/drain/", wrap(self.drain),
                  name="zktasks_drain"),
@@ -445,6 +454,86 @@ class DashboardViews:
         context = self.context(request, title, "overview", worker=workers[worker_id],
                                back_url=self.url("zktasks_overview"))
         return self.render(request, "confirm_drain.html", context)
+
+    # -- dead letters --------------------------------------------------------------------
+
+    def dead_letters(self, request):
+        title = "Dead letters"
+        after = request.GET.get("after") or None
+        after = after if after and _ENTRY_NAME.match(after) else None
+        try:
+            backend = zk_backend()
+            _, live_context = self.live(backend, "" if after else "deadletter")
+            reader = dashboard.Reader(backend)
+            letters = deadletter.listing(reader.store, dashboard.PAGE_SIZE + 1, after=after,
+                                         timeout=dashboard.READ_DEADLINE)
+            total = len(deadletter.names(reader.store))
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "deadletters")
+        more = len(letters) > dashboard.PAGE_SIZE
+        letters = letters[:dashboard.PAGE_SIZE]
+        root = reader.conf.root
+        rows = [{"letter": e, "preview": dashboard.preview(e.data, limit=DEAD_LETTER_PREVIEW),
+                 "relative": e.path[len(root):] if e.path.startswith(root + "/") else e.path,
+                 "job_link": bool(e.job_id and is_job_id(e.job_id))} for e in letters]
+        next_url = self.url("zktasks_deadletters", query={"after": letters[-1].name}) \
+            if more else ""
+        context = self.context(request, title, "deadletters", rows=rows, total=total,
+                               next_url=next_url, paged=bool(after), **live_context)
+        return self.render(request, "deadletters.html", context)
+
+    def _dead_letter_action(self, request, name, *, verb: str):
+        """Confirm (GET), then act (POST): shared by re-queue and discard."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        if not _ENTRY_NAME.match(name):
+            raise Http404("Not a dead-letter entry name.")
+        if not can_manage(request):
+            self.deny(request)
+        title = f"{verb.capitalize()} dead-letter entry {name}"
+        back = self.url("zktasks_deadletters")
+        if request.method == "POST":
+            try:
+                backend = zk_backend(connected=True)
+                if verb == "re-queue":
+                    job_id = backend.requeue_dead_letter(name)
+                else:
+                    found = backend.discard_dead_letter(name)
+            except DeadLetterRefused as exc:
+                messages.warning(request, f"Not re-queued: {exc}")
+                return HttpResponseRedirect(back)
+            except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+                return self.unavailable(request, exc, title, "deadletters")
+            if verb == "re-queue":
+                done = f"Re-queued from the dead letters (entry {name})"
+                self.log(request, Job(id=job_id), done)
+                messages.success(request, f"{done}: job {job_id} is waiting in its queue.")
+            elif found:
+                subject = Job(id="")
+                subject.label = f"dead-letter entry {name}"
+                self.log(request, subject, subject.label, deletion=True)
+                messages.success(request, f"Discarded dead-letter entry {name}.")
+            else:
+                messages.warning(request, f"Dead-letter entry {name} was gone already.")
+            return HttpResponseRedirect(back)
+        try:
+            letter = deadletter.read(self.reader().store, name)
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "deadletters")
+        if letter is None:
+            raise Http404("No such dead-letter entry.")
+        context = self.context(request, title, "deadletters", verb=verb, letter=letter,
+                               preview=dashboard.preview(letter.data,
+                                                         limit=DEAD_LETTER_PREVIEW),
+                               job_link=bool(letter.job_id and is_job_id(letter.job_id)),
+                               back_url=back)
+        return self.render(request, "confirm_deadletter.html", context)
+
+    def dead_letter_requeue(self, request, name):
+        return self._dead_letter_action(request, name, verb="re-queue")
+
+    def dead_letter_discard(self, request, name):
+        return self._dead_letter_action(request, name, verb="discard")
 
     # -- the raw tree --------------------------------------------------------------------
 

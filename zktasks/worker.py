@@ -26,10 +26,10 @@ from datetime import timedelta
 
 from django.tasks import task_backends
 from django.tasks.signals import task_finished, task_started
-from kazoo.exceptions import KazooException, NodeExistsError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import EventType, KazooState
 
-from . import envelope, records, serialization
+from . import deadletter, envelope, records, serialization
 from .client import new_client, start
 from .committer import Committer
 from .exceptions import (
@@ -364,9 +364,7 @@ class Worker:
             except TRANSIENT:
                 return
             if found is None:
-                logger.error("assignment without status job=%s worker=%s; removing it",
-                             job_id, worker_id)
-                self.store.drop_assignment(worker_id, job_id)
+                self._set_aside_orphan(worker_id, job_id)
                 continue
             record = found.record
             with self._cond:
@@ -522,9 +520,15 @@ class Worker:
             blob = envelope.open_envelope(record.payload, job_id=job_id,
                                           kind=envelope.PAYLOAD, key=key)
         except PayloadVerificationError as exc:
+            # Failed as before, and noted in the dead letters (in the same multi) so that
+            # an operator can re-queue it once SIGNING_KEY is right.
             logger.error("payload refused job=%s: %s", job_id, exc)
+            note = deadletter.entry(
+                self.store, self.store.layout.status(job_id), record.to_bytes(),
+                kind="foreign_signature", reason=str(exc), by=worker_id, job_id=job_id)
             self._finish(item, record, version, Outcome(
-                ok=False, error=ErrorRecord.from_exception(exc, worker_id=worker_id)))
+                ok=False, error=ErrorRecord.from_exception(exc, worker_id=worker_id)),
+                dead_letter=note)
             return False
         now = records.now()
         running = record.evolve(
@@ -590,10 +594,11 @@ class Worker:
             self._report(item, final, requeue, call)
 
     def _finish(self, item: _Queued, running: StatusRecord, version: int, outcome: Outcome,
-                *, call=None) -> None:
+                *, call=None, dead_letter=None) -> None:
         worker_id, job_id = item.worker_id, item.job_id
         final, requeue = self._final_record(running, outcome, worker_id)
-        recorded = self.store.finish(worker_id, job_id, final, version, requeue=requeue)
+        recorded = self.store.finish(worker_id, job_id, final, version, requeue=requeue,
+                                     dead_letter=dead_letter)
         if recorded:
             self._report(item, final, requeue, call)
 
@@ -655,13 +660,49 @@ class Worker:
         return Outcome(ok=False, error=outcome.error, retry_delay=delay)
 
     def _fail_corrupt(self, worker_id: str, job_id: str, exc: Exception) -> None:
-        logger.error("corrupt status record job=%s: %s; failing the job", job_id, exc)
+        """Keep a corrupt status record's bytes in the dead letters and fail the job.
+
+        FAILED, not removed: whoever waits on the job (result.wait(), the dashboard) gets
+        an answer that says why instead of "no such job", and the placeholder expires
+        with RESULT_TTL like any result. One multi: the placeholder over the corrupt
+        bytes (at the version read), the index entry, our assignment deleted, the entry.
+        """
+        path = self.store.layout.status(job_id)
+        try:
+            raw, stat = self.store.retry(self.client.get, path)
+        except NoNodeError:
+            self._set_aside_orphan(worker_id, job_id)
+            return
         record = StatusRecord(
             id=job_id, task="(unknown)", backend=self.backend.alias, queue="(unknown)",
             priority=0, state=records.FAILED, finished_at=records.now(),
             errors=(ErrorRecord.from_exception(exc, worker_id=worker_id),),
         )
-        self.store.finish(worker_id, job_id, record, -1)
+        note = deadletter.entry(self.store, path, raw, kind="corrupt_status", reason=str(exc),
+                                by=worker_id, job_id=job_id)
+        if self.store.finish(worker_id, job_id, record, stat.version, dead_letter=note):
+            logger.error("corrupt status record job=%s: %s; job failed, its bytes moved "
+                         "aside to %s", job_id, exc, note[0])
+        else:
+            logger.info("corrupt status record changed meanwhile job=%s; read again later",
+                        job_id)
+
+    def _set_aside_orphan(self, worker_id: str, job_id: str) -> None:
+        """Move an assignment whose job has no status record to the dead letters."""
+        path = self.store.layout.assignment(worker_id, job_id)
+        try:
+            raw, stat = self.store.retry(self.client.get, path)
+        except NoNodeError:
+            return
+        entry, failed = deadletter.move_aside(
+            self.store, path, raw, stat.version, kind="no_status", job_id=job_id,
+            by=worker_id, reason=f"Job {job_id} was assigned to {worker_id} but has no "
+                                 "status record (never submitted through zktasks, or deleted).")
+        if failed:
+            logger.info("assignment without status not moved job=%s: %s", job_id, failed)
+        else:
+            logger.error("assignment without status record job=%s worker=%s; moved aside "
+                         "to %s", job_id, worker_id, entry)
 
     def _load(self, blob: bytes, job_id: str):
         """Load a verified call once per job, for signals and the retry policy.

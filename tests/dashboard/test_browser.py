@@ -180,3 +180,39 @@ def test_the_page_shows_a_banner_while_zookeeper_is_down(page, live_server, sett
         expect(banner).to_be_hidden(timeout=30_000)
         tasks.add.submit(2, 2)
         expect(page.locator("[data-live='totals.pending']")).to_have_text("2")
+
+
+def test_dead_letters_appear_live_and_a_screenshot(page, live_server, start_worker, backend,
+                                                   settings, zk_client):
+    """Garbage planted while the page is open shows up by itself; then it is re-queued."""
+    from playwright.sync_api import expect
+
+    from zktasks.backend import ZooKeeperBackend
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    start_worker(name="web-1")
+    tasks.add.submit(1, 1).wait(timeout=30)
+    page.goto(f"{live_server.url}/admin/zktasks/deadletters/")
+    expect(page.locator("#zk-deadletters")).to_contain_text("No dead letters")
+
+    layout = backend.store.layout
+    zk_client.create(layout.job("default", "report-2024.csv"), b"id,total\n1,<b>42</b>\n")
+    zk_client.create(layout.delayed_job("tmp-lock"), b"\x00\x17\xfe\xff" * 8)
+    params = {**settings.TASKS["default"]}
+    params["OPTIONS"] = {**params["OPTIONS"], "SIGNING_KEY": "the-old-key"}
+    forged = ZooKeeperBackend("default", params).enqueue(dash_tasks.send, ("ada@example.com",),
+                                                         {})
+    backend.wait(forged.id, timeout=30)
+    expect(page.locator("tr.zk-deadletter")).to_have_count(3)
+    expect(page.locator("#zk-deadletters")).to_contain_text("foreign_signature")
+    expect(page.locator("#zk-deadletters")).to_contain_text("id,total")
+    page.locator("tr.zk-deadletter", has_text="report-2024.csv").locator("summary").click()
+    page.screenshot(path=str(SHOTS / "dead-letters.png"), full_page=True)
+
+    page.goto(f"{live_server.url}/admin/zktasks/")
+    expect(page.locator("[data-live='totals.dead_letters']")).to_have_text("3")
+    page.click("[data-live='totals.dead_letters']")
+    page.locator("tr.zk-deadletter", has_text="tmp-lock").get_by_text("Discard").click()
+    page.click("#zk-confirm")
+    expect(page.locator(".messagelist .success")).to_contain_text("Discarded")
+    expect(page.locator("tr.zk-deadletter")).to_have_count(2)

@@ -17,6 +17,9 @@ PAGES = [
     ("zktasks_purge", ()),
     ("zktasks_drain", ("worker-1",)),
     ("zktasks_tree", ()),
+    ("zktasks_deadletters", ()),
+    ("zktasks_deadletter_requeue", ("0000000000000-0000000000000000",)),
+    ("zktasks_deadletter_discard", ("0000000000000-0000000000000000",)),
 ]
 
 

@@ -1,0 +1,197 @@
+"""The dead-letter place: garbage found in the tree is moved aside, once, for people to see.
+
+A znode zktasks cannot use (a foreign name in a queue, an assignment whose data does not
+decode, a job without a status record, a corrupt status record, a payload signed with
+another key) would otherwise be re-read on every pass, or deleted with its bytes lost.
+Instead, whoever finds it moves it to `{ROOT}/deadletter/{at_ms}-{random}` in one multi:
+create the entry, delete the original (at the version read, so a znode somebody fixed
+meanwhile is left alone); the leader's multis also check its fence. The entry keeps the
+original path, why, when, who, the job id when known and the original bytes (base64,
+bounded so the entry always fits in a znode). Nothing here unpickles anything.
+
+The dashboard lists the entries; `ZooKeeperBackend.requeue_dead_letter()` sends the job an
+entry refers to back to its queue and `discard_dead_letter()` forgets an entry.
+"""
+
+import base64
+import binascii
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from kazoo.exceptions import KazooException, NoNodeError
+
+from . import records
+from .exceptions import ZooKeeperUnavailableError
+from .store import TRANSIENT, Store, failures
+from .tree import dead_letter_name, parse_dead_letter_name
+
+logger = logging.getLogger(__name__)
+
+KEEP_BYTES = 64 * 1024   # at most this many bytes of the original are kept
+LIST_LIMIT = 200         # entries one listing reads at most
+
+# kind -> what it means, for people (the dashboard shows it next to the reason).
+KINDS = {
+    "foreign_name": "a name that is not a zktasks job name",
+    "no_status": "a job whose status record does not exist",
+    "unreadable_assignment": "an assignment whose data does not decode",
+    "corrupt_status": "a status record that does not decode (the job was failed)",
+    "foreign_signature": "a payload that fails its signature check (the job was failed)",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter:
+    """One entry of the dead-letter place, as read back."""
+
+    name: str
+    version: int = -1
+    path: str = ""
+    kind: str = ""
+    reason: str = ""
+    at: datetime | None = None
+    by: str = ""
+    job_id: str | None = None
+    size: int = 0
+    data: bytes = b""
+    truncated: bool = False
+    unreadable: str = ""   # why the entry itself does not decode (garbage in deadletter/)
+
+    @property
+    def meaning(self) -> str:
+        return KINDS.get(self.kind, "")
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def keep_bytes(store: Store) -> int:
+    """How much of the original an entry keeps: KEEP_BYTES, less where znodes are small
+    (base64 grows 4/3; 2,000 bytes are left for the rest of the entry)."""
+    return max(0, min(KEEP_BYTES, (store.options.max_record_bytes - 2_000) * 3 // 4))
+
+
+def encode(path: str, raw: bytes | None, *, kind: str, reason: str, by: str,
+           job_id: str | None, keep: int) -> bytes:
+    raw = raw or b""
+    kept = raw[:keep]
+    return records.dumps({
+        "path": path, "kind": kind, "reason": one_line(reason), "at": records.now().isoformat(),
+        "by": by, "job_id": job_id, "size": len(raw), "truncated": len(kept) < len(raw),
+        "data": base64.b64encode(kept).decode("ascii"),
+    })
+
+
+def decode(name: str, raw: bytes | None, version: int = -1) -> DeadLetter:
+    """Read an entry back; an entry that is itself garbage says so instead of raising."""
+    try:
+        data = json.loads(raw or b"")
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        at = data.get("at")
+        job_id = data.get("job_id")
+        return DeadLetter(
+            name=name, version=version, path=str(data.get("path", "")),
+            kind=str(data.get("kind", "")), reason=str(data.get("reason", "")),
+            at=datetime.fromisoformat(at) if isinstance(at, str) else None,
+            by=str(data.get("by", "")), job_id=job_id if isinstance(job_id, str) else None,
+            size=int(data.get("size", 0)), truncated=bool(data.get("truncated")),
+            data=base64.b64decode(str(data.get("data", "")), validate=True),
+        )
+    except (ValueError, TypeError, binascii.Error) as exc:
+        at_ms = parse_dead_letter_name(name)
+        return DeadLetter(
+            name=name, version=version, size=len(raw or b""), data=raw or b"",
+            at=datetime.fromtimestamp(at_ms / 1000, UTC) if at_ms else None,
+            unreadable=f"This entry is not one zktasks wrote ({exc}); discard it.",
+        )
+
+
+def entry(store: Store, path: str, raw: bytes | None, *, kind: str, reason: str, by: str,
+          job_id: str | None = None) -> tuple[str, bytes]:
+    """Return (path, data) of a new entry about `path`, making sure its parent exists.
+
+    Ensuring the parent costs a request, but only on this rare path: a tree made before
+    the dead-letter place existed, or an operator who deleted it, must not make the
+    multi carrying the entry fail (for a worker, that would drop a job's outcome).
+    """
+    store.retry(store.client.ensure_path, store.layout.deadletter)
+    at_ms = int(records.now().timestamp() * 1000)
+    data = encode(path, raw, kind=kind, reason=reason, by=by, job_id=job_id,
+                  keep=keep_bytes(store))
+    return store.layout.dead_letter(dead_letter_name(at_ms)), data
+
+
+def move_aside(store: Store, path: str, raw: bytes | None, version: int, *, kind: str,
+               reason: str, by: str, job_id: str | None = None,
+               fence: str | None = None) -> tuple[str, list]:
+    """Create an entry about `path` and delete `path` (at `version`) in one multi.
+
+    Return (entry path, failed ops as store.failures gives them): none means moved.
+    With `fence` (the leader's), the multi checks it first: a failure at index 0 then
+    means leadership is lost. BadVersion or NoNode on the delete mean somebody changed
+    or removed the original meanwhile: nothing was written.
+    """
+    entry_path, data = entry(store, path, raw, kind=kind, reason=reason, by=by,
+                             job_id=job_id)
+
+    def build(txn):
+        if fence:
+            txn.check(fence, -1)
+        txn.create(entry_path, data)
+        txn.delete(path, version=version)
+
+    results = store.commit(build, landed=lambda: store.client.exists(entry_path) is not None)
+    return entry_path, failures(results)
+
+
+def read(store: Store, name: str) -> DeadLetter | None:
+    try:
+        raw, stat = store.retry(store.client.get, store.layout.dead_letter(name))
+    except NoNodeError:
+        return None
+    return decode(name, raw, stat.version)
+
+
+def names(store: Store) -> list[str]:
+    """Every entry's name, newest first."""
+    return sorted(store.children(store.layout.deadletter), reverse=True)
+
+
+def listing(store: Store, limit: int = 50, *, after: str | None = None,
+            timeout: float = 10.0) -> list[DeadLetter]:
+    """Entries, newest first, at most `limit` (and LIST_LIMIT), after the name `after`.
+
+    Reads are pipelined (async gets), so a page costs one round trip, not one per entry.
+    """
+    chosen = [n for n in names(store) if after is None or n < after]
+    chosen = chosen[:max(0, min(limit, LIST_LIMIT))]
+    requests = [(n, store.client.get_async(store.layout.dead_letter(n))) for n in chosen]
+    out = []
+    for name, request in requests:
+        try:
+            raw, stat = request.get(timeout=timeout)
+        except NoNodeError:
+            continue  # re-queued or discarded meanwhile
+        except (*TRANSIENT, KazooException) as exc:
+            raise ZooKeeperUnavailableError(
+                f"ZooKeeper stopped answering while reading dead-letter entry {name!r} "
+                f"({type(exc).__name__})."
+            ) from exc
+        out.append(decode(name, raw, stat.version))
+    return out
+
+
+def discard(store: Store, name: str, version: int = -1) -> bool:
+    """Delete an entry; False if it was gone already (or changed, given a version)."""
+    path = store.layout.dead_letter(name)
+
+    def build(txn):
+        txn.delete(path, version=version)
+
+    results = store.commit(build, landed=lambda: store.client.exists(path) is None)
+    return not failures(results)
