@@ -13,6 +13,8 @@ regresses behind its own multis (a recipe's callback, reading on kazoo's thread,
 deliver a list read before our last multi).
 """
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -601,21 +603,34 @@ class Leader:
 
     def plan(self) -> list[tuple[str, str, str]]:
         """Decide (queue, job_node, worker) moves: highest priority, then oldest, first;
-        each to the serving worker with the most free slots. Updates the local view."""
-        candidates = sorted(
-            (node, queue) for queue, nodes in self.pending.items() for node in nodes
-        )
-        moves = []
+        each to the serving worker with the most free slots. Updates the local view.
+
+        The per-queue lists are already sorted: a lazy merge stops as soon as the free
+        slots are spent, so a plan costs what it assigns, not the size of the backlog.
+        """
         eligible = [w for w in self.workers.values() if w.wants_work]
-        for node, queue in candidates:
+        if not eligible:
+            return []
+        queues = [q for q, nodes in self.pending.items() if nodes]
+        streams = [zip(self.pending[q], itertools.repeat(q)) for q in queues]
+        moves = []
+        taken: dict[str, int] = {}
+        blocked: set[str] = set()  # no eligible worker with a free slot serves it
+        for node, queue in heapq.merge(*streams):
+            if queue in blocked:
+                continue
             workers = [w for w in eligible if w.free > 0 and w.serves(queue)]
             if not workers:
-                if not any(w.free > 0 for w in eligible):
+                blocked.add(queue)
+                if len(blocked) == len(queues) or not any(w.free > 0 for w in eligible):
                     break
                 continue
             target = max(workers, key=lambda w: (w.free, w.worker_id))
-            job_id = node.split("-", 1)[1]
-            target.assigned.add(job_id)
-            self.pending[queue].remove(node)
+            target.assigned.add(node.split("-", 1)[1])
+            taken[queue] = taken.get(queue, 0) + 1
             moves.append((queue, node, target.worker_id))
+        # Within a queue the moves are a prefix of its sorted list: once no worker can
+        # take a job of that queue, none takes a later one in this plan.
+        for queue, count in taken.items():
+            del self.pending[queue][:count]
         return moves
