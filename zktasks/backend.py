@@ -180,6 +180,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             takes_context=task.takes_context,
             run_after=task.run_after,
             unique_key=getattr(task, "unique_key", None),
+            result_ttl=getattr(task, "result_ttl", None),
             args_repr=serialization.short_repr(args, kwargs),
             payload=envelope.seal(blob, job_id=job_id, kind=envelope.PAYLOAD,
                                   key=conf.signing_key),
@@ -273,7 +274,7 @@ class ZooKeeperBackend(BaseTaskBackend):
         fields = dict(
             func=func, backend=self.alias, queue_name=record.queue, priority=record.priority,
             takes_context=record.takes_context, max_attempts=record.max_attempts,
-            timeout=record.timeout,
+            timeout=record.timeout, result_ttl=record.result_ttl,
         )
         try:
             return self.task_class(**fields)
@@ -349,16 +350,27 @@ class ZooKeeperBackend(BaseTaskBackend):
         data = final.to_bytes()
         index = store.index_path(final)
         cleanup = store.cleanup_paths(final)
-        for waiting in candidates:
-            def build(txn, waiting=waiting):
+
+        def build_for(waiting, index):
+            def build(txn):
                 txn.delete(waiting)
                 txn.set_data(status_path, data, version=found.version)
                 txn.create(index, b"")
                 for path in cleanup:
                     txn.delete(path)
+            return build
 
-            results = store.commit(build, landed=lambda: store._written(status_path, data))
-            if not failures(results):
+        def landed():
+            return store._written(status_path, data)
+
+        for waiting in candidates:
+            results = store.commit(build_for(waiting, index), landed=landed)
+            failed = failures(results)
+            if failed and store.forget_bucket_if_gone(index, failed):
+                index = store.index_path(final)  # purged meanwhile: make it again
+                results = store.commit(build_for(waiting, index), landed=landed)
+                failed = failures(results)
+            if not failed:
                 return True
         # A worker holds it (assigned, maybe not started): ask that worker.
         self._request_cancel(store, job_id, force)
