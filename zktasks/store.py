@@ -8,8 +8,10 @@ tell, from a fresh read, whether it already took effect before it is tried again
 """
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kazoo.exceptions import (
@@ -67,7 +69,8 @@ class Store:
     """The zktasks tree below one ROOT, seen through one client."""
 
     def __init__(self, client, options: Options):
-        self.client = client
+        self.raw_client = client
+        self._local = threading.local()
         self.options = options
         self.layout = Layout(options.root)
         self._queues_made: set[str] = set()
@@ -76,10 +79,46 @@ class Store:
 
     # -- plumbing ------------------------------------------------------------------
 
+    @property
+    def client(self):
+        """The KazooClient; inside `bounded()`, a view of it whose calls give up at the
+        deadline (for this thread only)."""
+        bound = getattr(self._local, "bound", None)
+        return self.raw_client if bound is None else _BoundedClient(self.raw_client, bound)
+
+    @contextmanager
+    def bounded(self, seconds: float | None = None):
+        """Make every ZooKeeper call of this thread in the block end by a deadline.
+
+        kazoo queues a request made while it is disconnected and its synchronous calls
+        wait for the answer without limit: during a loss of quorum a web request would
+        hang until ZooKeeper is back. Inside this block calls are made with kazoo's
+        async variants and waited for until the deadline (CONNECT_TIMEOUT by default),
+        then ZooKeeperUnavailableError is raised. A request that timed out is still
+        queued in kazoo and may be carried out once it reconnects: callers must treat
+        the outcome as unknown. Workers and the leader never use this: they wait for
+        ZooKeeper on purpose.
+        """
+        seconds = self.options.connect_timeout if seconds is None else seconds
+        outer = getattr(self._local, "bound", None)
+        limit = time.monotonic() + seconds
+        if outer is not None and outer.limit <= limit:
+            yield
+            return
+        self._local.bound = _Bound(limit=limit, seconds=seconds, hosts=self.options.hosts)
+        try:
+            yield
+        finally:
+            self._local.bound = outer
+
     def retry(self, func: Callable, *args, deadline: float | None = None, **kwargs):
-        """Call func, retrying transient errors until `deadline` seconds have passed."""
+        """Call func, retrying transient errors until `deadline` seconds have passed
+        (and, inside `bounded()`, never past its deadline)."""
         limit = time.monotonic() + (deadline if deadline is not None
                                     else self.options.session_timeout)
+        bound = getattr(self._local, "bound", None)
+        if bound is not None:
+            limit = min(limit, bound.limit)
         delay = 0.02
         tries = 0
         while True:
@@ -88,12 +127,13 @@ class Store:
             except TRANSIENT as exc:
                 tries += 1
                 # At least a few tries, however late: a process frozen (SIGSTOP, a long
-                # pause) past the deadline must not give up on its first error.
-                if tries >= 4 and time.monotonic() + delay > limit:
+                # pause) past the deadline must not give up on its first error. A bounded
+                # caller (a web request) gives up at its deadline all the same.
+                if (tries >= 4 or bound is not None) and time.monotonic() + delay > limit:
                     raise ZooKeeperUnavailableError(
-                        f"ZooKeeper at {self.options.hosts!r} did not answer within "
-                        f"{self.options.session_timeout:g}s ({type(exc).__name__}); check "
-                        "that the ensemble is up and reachable."
+                        f"ZooKeeper at {self.options.hosts!r} did not answer in time "
+                        f"({type(exc).__name__}); check that the ensemble is up and "
+                        "reachable."
                     ) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
@@ -576,3 +616,82 @@ class Store:
         txn = self.client.transaction()
         build(txn)
         return txn.commit()
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    limit: float     # time.monotonic() deadline
+    seconds: float   # the bound, for messages
+    hosts: str
+
+
+class _BoundedClient:
+    """A KazooClient whose reads, writes and multis wait for an answer until a deadline.
+
+    Only the calls Store and the backend make are here; anything else (state, Lock,
+    handler) goes to the client itself.
+    """
+
+    def __init__(self, client, bound: _Bound):
+        self._client = client
+        self._bound = bound
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def wait(self, start: Callable):
+        """Send a request with `start()` (an *_async call) and wait until the deadline."""
+        bound = self._bound
+        remaining = bound.limit - time.monotonic()
+        if remaining <= 0:  # do not queue a request nobody will wait for
+            raise self._late()
+        async_result = start()
+        try:
+            return async_result.get(timeout=remaining)
+        except self._client.handler.timeout_exception as exc:
+            raise self._late() from exc
+
+    def _late(self) -> ZooKeeperUnavailableError:
+        bound = self._bound
+        return ZooKeeperUnavailableError(
+            f"ZooKeeper at {bound.hosts!r} did not answer within {bound.seconds:g}s "
+            "(CONNECT_TIMEOUT): the ensemble is unreachable or has lost its quorum."
+        )
+
+    def get(self, path, watch=None):
+        return self.wait(lambda: self._client.get_async(path, watch=watch))
+
+    def get_children(self, path, watch=None):
+        return self.wait(lambda: self._client.get_children_async(path, watch=watch))
+
+    def exists(self, path, watch=None):
+        return self.wait(lambda: self._client.exists_async(path, watch=watch))
+
+    def create(self, path, value=b"", **kwargs):
+        return self.wait(lambda: self._client.create_async(path, value, **kwargs))
+
+    def set(self, path, value, version=-1):
+        return self.wait(lambda: self._client.set_async(path, value, version=version))
+
+    def delete(self, path, version=-1):
+        return self.wait(lambda: self._client.delete_async(path, version=version))
+
+    def ensure_path(self, path):
+        return self.wait(lambda: self._client.ensure_path_async(path))
+
+    def transaction(self):
+        return _BoundedTransaction(self._client.transaction(), self)
+
+
+class _BoundedTransaction:
+    """A kazoo transaction whose commit waits until the deadline of its client view."""
+
+    def __init__(self, txn, client: _BoundedClient):
+        self._txn = txn
+        self._client = client
+
+    def __getattr__(self, name):
+        return getattr(self._txn, name)
+
+    def commit(self):
+        return self._client.wait(self._txn.commit_async)
