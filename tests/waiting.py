@@ -53,3 +53,17 @@ def wait_until(predicate, timeout=30.0, message="condition"):
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {message}"
         pause.wait(0.02)
+
+
+def wait_for_deletion(zk_client, path, timeout=30.0):
+    """Block until the znode at `path` does not exist, via a DataWatch."""
+    gone = threading.Event()
+
+    def on_data(data, stat):
+        if stat is None:
+            gone.set()
+            return False
+        return True
+
+    zk_client.DataWatch(path, on_data)
+    assert gone.wait(timeout), f"{path} still exists after {timeout:g}s"

@@ -84,7 +84,7 @@ class ZooKeeperBackend(BaseTaskBackend):
         """
         client = get_client(self.conf)
         store = self._store
-        if store is None or store.client is not client:
+        if store is None or store.raw_client is not client:
             store = self._store = Store(client, self.conf)
         return store
 
@@ -182,6 +182,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             takes_context=task.takes_context,
             run_after=task.run_after,
             unique_key=getattr(task, "unique_key", None),
+            result_ttl=getattr(task, "result_ttl", None),
             args_repr=serialization.short_repr(args, kwargs),
             payload=envelope.seal(blob, job_id=job_id, kind=envelope.PAYLOAD,
                                   key=conf.signing_key),
@@ -192,7 +193,13 @@ class ZooKeeperBackend(BaseTaskBackend):
 
     def write(self, record: StatusRecord, result):
         """Write a prepared submission; return its result (or the unique key's holder)."""
-        holder = self.store.submit(record)
+        store = self.store
+        holder = self._bounded(
+            store, lambda: store.submit(record),
+            f"Job {record.id!r} ({record.task}) may or may not have been submitted:",
+            "It may still be created when ZooKeeper is back: call "
+            f"get_result({record.id!r}) later to find out, rather than submitting again "
+            "(that would make a second job).")
         if holder is not None:
             logger.info("unique key held key=%r job=%s", record.unique_key, holder)
             return self.get_result(holder)
@@ -212,7 +219,11 @@ class ZooKeeperBackend(BaseTaskBackend):
     def get_result(self, result_id):
         if not isinstance(result_id, str) or not is_job_id(result_id):
             raise JobNotFound(f"No job has the id {result_id!r}.")
-        found = self.store.read_status(result_id)
+        store = self.store
+        found = self._bounded(
+            store, lambda: store.read_status(result_id),
+            f"The state of job {result_id!r} cannot be read now:",
+            "Try again once the ensemble answers; the job itself is not affected.")
         if found is None:
             raise JobNotFound(
                 f"No job has the id {result_id!r} (never submitted, or expired after "
@@ -275,7 +286,7 @@ class ZooKeeperBackend(BaseTaskBackend):
         fields = dict(
             func=func, backend=self.alias, queue_name=record.queue, priority=record.priority,
             takes_context=record.takes_context, max_attempts=record.max_attempts,
-            timeout=record.timeout,
+            timeout=record.timeout, result_ttl=record.result_ttl,
         )
         try:
             return self.task_class(**fields)
@@ -300,8 +311,12 @@ class ZooKeeperBackend(BaseTaskBackend):
 
         while True:
             changed.clear()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            bound = self.conf.connect_timeout
             try:
-                found = store.read_status(job_id, watch=on_change)
+                with store.bounded(bound if remaining is None else
+                                   max(0.0, min(bound, remaining))):
+                    found = store.read_status(job_id, watch=on_change)
             except ZooKeeperUnavailableError:
                 found = _UNKNOWN
             if found is None:
@@ -314,7 +329,9 @@ class ZooKeeperBackend(BaseTaskBackend):
                 raise TimeoutError(
                     f"Job {job_id!r} did not finish within {timeout:g}s (state {state})."
                 )
-            changed.wait(remaining if remaining is not None else 60.0)
+            # No watch is set while ZooKeeper does not answer: read again soon.
+            longest = 1.0 if found is _UNKNOWN else 60.0
+            changed.wait(min(remaining, longest) if remaining is not None else longest)
 
     def cancel(self, job_id: str, *, force: bool = False) -> bool:
         """Cancel a job. Return True if it is cancelled now and will never run.
@@ -325,6 +342,13 @@ class ZooKeeperBackend(BaseTaskBackend):
         terminated); a job not started yet on that worker never starts.
         """
         store = self.store
+        return self._bounded(
+            store, lambda: self._cancel(store, job_id, force),
+            f"Cancelling job {job_id!r} has an unknown outcome:",
+            f"Once the ensemble answers, call get_result({job_id!r}) to see where the job "
+            "is, and cancel it again if it has not finished.")
+
+    def _cancel(self, store: Store, job_id: str, force: bool) -> bool:
         found = store.read_status(job_id)
         if found is None:
             raise JobNotFound(f"No job has the id {job_id!r}.")
@@ -351,20 +375,41 @@ class ZooKeeperBackend(BaseTaskBackend):
         data = final.to_bytes()
         index = store.index_path(final)
         cleanup = store.cleanup_paths(final)
-        for waiting in candidates:
-            def build(txn, waiting=waiting):
+
+        def build_for(waiting, index):
+            def build(txn):
                 txn.delete(waiting)
                 txn.set_data(status_path, data, version=found.version)
                 txn.create(index, b"")
                 for path in cleanup:
                     txn.delete(path)
+            return build
 
-            results = store.commit(build, landed=lambda: store._written(status_path, data))
-            if not failures(results):
+        def landed():
+            return store._written(status_path, data)
+
+        for waiting in candidates:
+            results = store.commit(build_for(waiting, index), landed=landed)
+            failed = failures(results)
+            if failed and store.forget_bucket_if_gone(index, failed):
+                index = store.index_path(final)  # purged meanwhile: make it again
+                results = store.commit(build_for(waiting, index), landed=landed)
+                failed = failures(results)
+            if not failed:
                 return True
         # A worker holds it (assigned, maybe not started): ask that worker.
         self._request_cancel(store, job_id, force)
         return False
+
+    def _bounded(self, store: Store, call, what: str, advice: str):
+        """Run `call()` with every ZooKeeper request bounded by CONNECT_TIMEOUT, so a web
+        request fails with a clear error instead of hanging while ZooKeeper has no
+        quorum; the error says what is unknown (`what`) and what to do (`advice`)."""
+        try:
+            with store.bounded():
+                return call()
+        except ZooKeeperUnavailableError as exc:
+            raise ZooKeeperUnavailableError(f"{what} {exc} {advice}") from exc
 
     def _request_cancel(self, store: Store, job_id: str, force: bool) -> None:
         path = store.layout.cancel_request(job_id)
@@ -379,6 +424,13 @@ class ZooKeeperBackend(BaseTaskBackend):
     def retry(self, job_id: str) -> bool:
         """Send a FAILED job back to pending for one more attempt; False if not FAILED."""
         store = self.store
+        return self._bounded(
+            store, lambda: self._retry(store, job_id),
+            f"Retrying job {job_id!r} has an unknown outcome:",
+            f"Once the ensemble answers, call get_result({job_id!r}) to see whether it is "
+            "pending again before retrying once more.")
+
+    def _retry(self, store: Store, job_id: str) -> bool:
         found = store.read_status(job_id)
         if found is None:
             raise JobNotFound(f"No job has the id {job_id!r}.")
@@ -512,6 +564,12 @@ class ZooKeeperBackend(BaseTaskBackend):
     def drain_worker(self, worker_id: str) -> bool:
         """Ask a worker to drain: it takes nothing new, finishes, hands back, exits."""
         store = self.store
+        return self._bounded(
+            store, lambda: self._drain_worker(store, worker_id),
+            f"Asking worker {worker_id!r} to drain has an unknown outcome:",
+            "Ask again once the ensemble answers (asking twice is harmless).")
+
+    def _drain_worker(self, store: Store, worker_id: str) -> bool:
         path = store.layout.worker(worker_id)
         try:
             raw, stat = store.retry(store.client.get, path)

@@ -42,6 +42,8 @@ from .records import StatusRecord
 from .store import TRANSIENT, Store
 from .tree import (
     BUCKET_MS,
+    bucket_start,
+    parse_bucket,
     parse_delayed_node,
     parse_finished_entry,
     parse_job_node,
@@ -426,7 +428,8 @@ class Reader:
     # -- results (finished jobs, newest first) ------------------------------------------
 
     def buckets(self) -> list[str]:
-        return sorted((b for b in self.children(self.layout.finished) if b.isdigit()),
+        """The finished index's buckets, newest start first."""
+        return sorted((b for b in self.children(self.layout.finished) if parse_bucket(b)),
                       reverse=True)
 
     def _index(self, cursor: str | None, state: str | None,
@@ -439,27 +442,36 @@ class Reader:
         that, `stopped["at"]` says where the next page resumes.
         """
         start_bucket, _, start_id = (cursor or "").partition("/")
+        start_bucket = bucket_start(start_bucket) if start_bucket else ""
         code = {"SUCCESSFUL": "S", "FAILED": "F"}.get(state or "")
-        buckets = [b for b in self.buckets() if not start_bucket or b <= start_bucket]
+        # Buckets of one start (the global TTL's and per-task TTLs') hold the same ten
+        # seconds: they are listed together and merged, and cursors name the start.
+        groups: dict[str, list[str]] = {}
+        for b in self.buckets():
+            if not start_bucket or bucket_start(b) <= start_bucket:
+                groups.setdefault(bucket_start(b), []).append(b)
+        starts = sorted(groups, reverse=True)
         listed, first, size = 0, 0, 4
-        while first < len(buckets):
-            batch = buckets[first:first + size]
+        while first < len(starts):
+            batch = starts[first:first + size]
             first, size = first + size, min(size * 2, 64)
-            names = _gather(self.client, [self.layout.finished_bucket(b) for b in batch],
+            names = _gather(self.client, [self.layout.finished_bucket(b)
+                                          for start in batch for b in groups[start]],
                             "get_children")
-            for bucket in batch:
-                entries = []
-                for name in names.get(self.layout.finished_bucket(bucket)) or ():
-                    parsed = parse_finished_entry(name)
-                    if parsed and (code is None or parsed[1] == code):
-                        entries.append(parsed[0])
+            for start in batch:
+                entries = set()
+                for bucket in groups[start]:
+                    for name in names.get(self.layout.finished_bucket(bucket)) or ():
+                        parsed = parse_finished_entry(name)
+                        if parsed and (code is None or parsed[1] == code):
+                            entries.add(parsed[0])
                 for job_id in sorted(entries, reverse=True):
-                    if start_bucket and bucket == start_bucket and job_id >= start_id:
+                    if start_bucket and start == start_bucket and job_id >= start_id:
                         continue
-                    yield f"{bucket}/{job_id}", job_id
-                listed += 1
-                if listed >= LIST_BUDGET and bucket != buckets[-1]:
-                    stopped["at"] = f"{bucket}/{'0' * 32}"  # before every id of it
+                    yield f"{start}/{job_id}", job_id
+                listed += len(groups[start])
+                if listed >= LIST_BUDGET and start != starts[-1]:
+                    stopped["at"] = f"{start}/{'0' * 32}"  # before every id of it
                     return
 
     def results(self, *, state: str | None = None, task: str = "", queue: str = "",
@@ -576,7 +588,8 @@ class Reader:
         if record.finished_at is not None:
             from .tree import finished_bucket, finished_entry
 
-            bucket = finished_bucket(int(record.finished_at.timestamp() * 1000))
+            bucket = finished_bucket(int(record.finished_at.timestamp() * 1000),
+                                     record.result_ttl)
             candidates.append(("finished index", layout.finished_entry(
                 bucket, finished_entry(record.id, record.state, record.queue))))
         present = self.exists_many(p for _, p in candidates)
@@ -886,7 +899,8 @@ class LiveState:
         this_minute = now_ms - now_ms % 60_000
         counts = dict.fromkeys(range(THROUGHPUT_MINUTES), 0)
         for name, bucket in self.buckets.items():
-            age = (this_minute - (int(name) - int(name) % 60_000)) // 60_000
+            start = parse_bucket(name)[0]
+            age = (this_minute - (start - start % 60_000)) // 60_000
             if 0 <= age < THROUGHPUT_MINUTES:
                 counts[age] += bucket.succeeded + bucket.failed
         return [{"minute": _iso(ms_to_datetime(this_minute - age * 60_000)),
@@ -897,7 +911,7 @@ class LiveState:
         with self._lock:
             total = 0
             for name, bucket in self.buckets.items():
-                if before_ms is not None and int(name) + BUCKET_MS > before_ms:
+                if before_ms is not None and parse_bucket(name)[0] + BUCKET_MS > before_ms:
                     continue
                 total += (bucket.succeeded if "SUCCESSFUL" in states else 0) + (
                     bucket.failed if "FAILED" in states else 0)
@@ -1066,7 +1080,7 @@ class LiveState:
         bucket_names = set(self.buckets)
         if full or "finished" in dirty:
             listed = self._children([(layout.finished, "finished")])[layout.finished] or []
-            bucket_names = {b for b in listed if b.isdigit()}
+            bucket_names = {b for b in listed if parse_bucket(b)}
         read_buckets = [b for b in bucket_names
                         if full or f"b:{b}" in dirty or b not in self.buckets]
         listed_buckets = self._children([(layout.finished_bucket(b), f"b:{b}")
@@ -1087,8 +1101,12 @@ class LiveState:
             merged = {b: self.buckets[b] for b in bucket_names if b in self.buckets}
         merged.update(buckets)
         newest_failed = []
-        for b in sorted(merged, reverse=True):
-            newest_failed.extend(merged[b].failed_ids)
+        by_start: dict[str, list[str]] = {}
+        for b in merged:
+            by_start.setdefault(bucket_start(b), []).append(b)
+        for start in sorted(by_start, reverse=True):  # buckets of one start merged
+            newest_failed.extend(sorted((j for b in by_start[start]
+                                         for j in merged[b].failed_ids), reverse=True))
             if len(newest_failed) >= RECENT_FAILURES:
                 break
         newest_failed = newest_failed[:RECENT_FAILURES]

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 BATCH = 100              # jobs per assignment multi (ops = 2 per job + the fence)
 RECONCILE_EVERY = 30.0   # seconds between full re-reads even when no watch fired
 RELIST_EVERY = 0.1       # seconds: the most often a queue with local work is re-listed
-EXPIRE_EVERY = 10.0      # seconds between sweeps of finished records past RESULT_TTL
+EXPIRE_EVERY = 10.0      # seconds: the longest between sweeps of expired results
 
 
 class LeadershipLost(Exception):
@@ -100,6 +100,11 @@ class Leader:
         self.delayed: list[str] = []  # sorted names: the first is due first
         self.assignments_total = 0
         self._last_expiry = 0.0
+        self._next_expiry = 0.0       # epoch seconds the earliest finished bucket expires
+        self._last_cancel_sweep = 0.0
+        # One function, so re-arming the watch at every sweep does not pile up closures
+        # in kazoo's watcher set while finished/ stays unchanged.
+        self._finished_watch = self._watch("finished")
         self._next_ticks: dict[str, float] = {}
         self._listed_at: dict[str, float] = {}
         self._deferred: set[str] = set()
@@ -240,7 +245,7 @@ class Leader:
             # Sleep until a watch fires, the next delayed job is due or the next expiry
             # sweep: no polling.
             self.wake.wait(min(EXPIRE_EVERY, self._until_next_due(),
-                               self._until_next_tick(),
+                               self._until_next_tick(), self._until_next_expiry(),
                                RELIST_EVERY if self._deferred else RECONCILE_EVERY))
 
     def _tick(self) -> None:
@@ -256,7 +261,7 @@ class Leader:
         self._promote_due()
         self._run_schedules()
         self._assign()
-        self._expire_results()
+        self._expire_results(listed=bool(dirty & {"*", "finished"}))
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -532,22 +537,36 @@ class Leader:
             for queue in {queue for _, queue, _ in batch}:
                 self.pending[queue].sort()
 
-    def _expire_results(self) -> None:
-        """Delete finished records older than RESULT_TTL, a bucket at a time (kazoo has no
-        TTL nodes, so this is the leader's job)."""
-        now = time.monotonic()
-        ttl = self.store.options.result_ttl
-        if now - self._last_expiry < min(EXPIRE_EVERY, max(1.0, ttl / 10)):
+    def _expire_results(self, listed: bool) -> None:
+        """Delete finished records whose bucket's TTL has passed (kazoo has no TTL nodes,
+        so this is the leader's job).
+
+        Each bucket's expiry is in its name (its start, plus the global RESULT_TTL or
+        the per-task TTL it carries), so one listing of finished/ tells what is due now
+        and when the next bucket is: the leader sleeps until then. The listing sets a
+        watch, so a new bucket (say of a job with a one-second TTL) is seen at once; a
+        sweep runs on that event, when the next expiry comes, and every EXPIRE_EVERY.
+        """
+        now = time.time()
+        if not (listed or now >= self._next_expiry
+                or time.monotonic() - self._last_expiry >= EXPIRE_EVERY):
             return
-        self._last_expiry = now
-        before_ms = int((time.time() - self.store.options.result_ttl) * 1000)
+        self._last_expiry = time.monotonic()
         try:
-            deleted = self.store.delete_finished(fence=self.fence, before_ms=before_ms)
+            deleted, next_ms = self.store.expire_finished(
+                fence=self.fence, now_ms=int(now * 1000),
+                default_ttl=self.store.options.result_ttl, watch=self._finished_watch)
         except NoNodeError as exc:
             raise LeadershipLost("fence check failed during expiry") from exc
+        self._next_expiry = next_ms / 1000 if next_ms is not None else float("inf")
         if deleted:
             logger.info("expired results count=%d", deleted)
-        self._sweep_cancel_requests()
+        if time.monotonic() - self._last_cancel_sweep >= EXPIRE_EVERY:
+            self._last_cancel_sweep = time.monotonic()
+            self._sweep_cancel_requests()
+
+    def _until_next_expiry(self) -> float:
+        return max(0.0, self._next_expiry - time.time()) + 0.001
 
     def _sweep_cancel_requests(self) -> None:
         """Delete cancel requests whose job has finished or is gone (answered)."""

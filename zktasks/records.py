@@ -79,6 +79,7 @@ class StatusRecord:
     takes_context: bool = False
     args_repr: str = ""
     unique_key: str | None = None
+    result_ttl: float | None = None  # seconds the finished record is kept; None: RESULT_TTL
     payload: dict | None = None    # signed envelope of the call (function, args, kwargs)
     result: dict | None = None     # signed envelope of the return value
     extra: dict = field(default_factory=dict)
@@ -99,6 +100,10 @@ class StatusRecord:
             data[key] = _iso(data[key])
         data["worker_ids"] = list(self.worker_ids)
         data["errors"] = [asdict(e) for e in self.errors]
+        if self.result_ttl is None:
+            # Written only when set, so records of tasks without their own TTL stay
+            # readable by a release that predates the field (rolling upgrades).
+            del data["result_ttl"]
         data["v"] = SCHEMA
         return data
 

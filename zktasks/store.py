@@ -8,8 +8,10 @@ tell, from a fresh read, whether it already took effect before it is tried again
 """
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kazoo.exceptions import (
@@ -29,10 +31,13 @@ from .records import StatusRecord
 from .tree import (
     BUCKET_MS,
     Layout,
+    bucket_expiry_ms,
+    bucket_start,
     delayed_node_name,
     finished_bucket,
     finished_entry,
     job_node_name,
+    parse_bucket,
     parse_finished_entry,
 )
 
@@ -64,7 +69,8 @@ class Store:
     """The zktasks tree below one ROOT, seen through one client."""
 
     def __init__(self, client, options: Options):
-        self.client = client
+        self.raw_client = client
+        self._local = threading.local()
         self.options = options
         self.layout = Layout(options.root)
         self._queues_made: set[str] = set()
@@ -73,10 +79,46 @@ class Store:
 
     # -- plumbing ------------------------------------------------------------------
 
+    @property
+    def client(self):
+        """The KazooClient; inside `bounded()`, a view of it whose calls give up at the
+        deadline (for this thread only)."""
+        bound = getattr(self._local, "bound", None)
+        return self.raw_client if bound is None else _BoundedClient(self.raw_client, bound)
+
+    @contextmanager
+    def bounded(self, seconds: float | None = None):
+        """Make every ZooKeeper call of this thread in the block end by a deadline.
+
+        kazoo queues a request made while it is disconnected and its synchronous calls
+        wait for the answer without limit: during a loss of quorum a web request would
+        hang until ZooKeeper is back. Inside this block calls are made with kazoo's
+        async variants and waited for until the deadline (CONNECT_TIMEOUT by default),
+        then ZooKeeperUnavailableError is raised. A request that timed out is still
+        queued in kazoo and may be carried out once it reconnects: callers must treat
+        the outcome as unknown. Workers and the leader never use this: they wait for
+        ZooKeeper on purpose.
+        """
+        seconds = self.options.connect_timeout if seconds is None else seconds
+        outer = getattr(self._local, "bound", None)
+        limit = time.monotonic() + seconds
+        if outer is not None and outer.limit <= limit:
+            yield
+            return
+        self._local.bound = _Bound(limit=limit, seconds=seconds, hosts=self.options.hosts)
+        try:
+            yield
+        finally:
+            self._local.bound = outer
+
     def retry(self, func: Callable, *args, deadline: float | None = None, **kwargs):
-        """Call func, retrying transient errors until `deadline` seconds have passed."""
+        """Call func, retrying transient errors until `deadline` seconds have passed
+        (and, inside `bounded()`, never past its deadline)."""
         limit = time.monotonic() + (deadline if deadline is not None
                                     else self.options.session_timeout)
+        bound = getattr(self._local, "bound", None)
+        if bound is not None:
+            limit = min(limit, bound.limit)
         delay = 0.02
         tries = 0
         while True:
@@ -85,12 +127,13 @@ class Store:
             except TRANSIENT as exc:
                 tries += 1
                 # At least a few tries, however late: a process frozen (SIGSTOP, a long
-                # pause) past the deadline must not give up on its first error.
-                if tries >= 4 and time.monotonic() + delay > limit:
+                # pause) past the deadline must not give up on its first error. A bounded
+                # caller (a web request) gives up at its deadline all the same.
+                if (tries >= 4 or bound is not None) and time.monotonic() + delay > limit:
                     raise ZooKeeperUnavailableError(
-                        f"ZooKeeper at {self.options.hosts!r} did not answer within "
-                        f"{self.options.session_timeout:g}s ({type(exc).__name__}); check "
-                        "that the ensemble is up and reachable."
+                        f"ZooKeeper at {self.options.hosts!r} did not answer in time "
+                        f"({type(exc).__name__}); check that the ensemble is up and "
+                        "reachable."
                     ) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
@@ -303,6 +346,11 @@ class Store:
 
         results = self.commit(build, landed=landed)
         failed = failures(results)
+        if failed and self.forget_bucket_if_gone(index_path, failed):
+            # Our bucket expired (a short result_ttl) or was purged since we made it.
+            index_path = self.index_path(final)
+            results = self.commit(build, landed=landed)
+            failed = failures(results)
         if failed:
             logger.warning("outcome dropped job=%s worker=%s reason=%s", job_id, worker_id,
                            failed)
@@ -329,9 +377,13 @@ class Store:
     # -- the finished index -----------------------------------------------------------
 
     def index_path(self, record: StatusRecord) -> str:
-        """Return the finished-index entry of a finished record, making its bucket."""
+        """Return the finished-index entry of a finished record, making its bucket.
+
+        The bucket follows the record's own result_ttl (None: the global RESULT_TTL),
+        so every writer of a final state, and retry() removing it, agree on the path.
+        """
         finished_ms = int(record.finished_at.timestamp() * 1000)
-        bucket = finished_bucket(finished_ms)
+        bucket = finished_bucket(finished_ms, record.result_ttl)
         if bucket not in self._buckets_made:
             self.retry(self.client.ensure_path, self.layout.finished_bucket(bucket))
             self._buckets_made.add(bucket)
@@ -340,12 +392,30 @@ class Store:
         return self.layout.finished_entry(
             bucket, finished_entry(record.id, record.state, record.queue))
 
+    def forget_bucket_if_gone(self, index: str | None, failed) -> bool:
+        """Tell whether a refused finishing multi failed because its index bucket was
+        deleted after we made it (expired or purged meanwhile); if so, forget it so the
+        next index_path() makes it again."""
+        if not index or not any(isinstance(e, NoNodeError) for _, e in failed):
+            return False
+        parent = index.rsplit("/", 1)[0]
+        if self.retry(self.client.exists, parent) is not None:
+            return False
+        self._buckets_made.discard(parent.rsplit("/", 1)[1])
+        return True
+
     def buckets(self) -> list[str]:
-        """The finished index's buckets, oldest first."""
-        return sorted(b for b in self.children(self.layout.finished) if b.isdigit())
+        """The finished index's buckets, oldest first (by start, then TTL)."""
+        found = [(parsed, b) for b in self.children(self.layout.finished)
+                 if (parsed := parse_bucket(b))]
+        return [b for _, b in sorted(found, key=lambda item: (item[0][0], item[0][1] or 0))]
 
     def recent_finished(self, limit: int, before: str | None = None) -> list[str]:
-        """Return ids of finished jobs, newest first, after the job id `before` if given."""
+        """Return ids of finished jobs, newest first, after the job id `before` if given.
+
+        Buckets of one start (the global TTL's and per-task TTLs') hold the same ten
+        seconds, so they are merged before sorting by id.
+        """
         cutoff = None
         if before is not None:
             found = self.read_status(before)
@@ -353,17 +423,18 @@ class Store:
                 return []
             cutoff = (finished_bucket(int(found.record.finished_at.timestamp() * 1000)),
                       before)
+        groups: dict[str, list[str]] = {}
+        for bucket in self.buckets():
+            groups.setdefault(bucket_start(bucket), []).append(bucket)
         ids: list[str] = []
-        for bucket in reversed(self.buckets()):
-            if cutoff and bucket > cutoff[0]:
+        for start in sorted(groups, reverse=True):
+            if cutoff and start > cutoff[0]:
                 continue
-            names = sorted(self.children(self.layout.finished_bucket(bucket)), reverse=True)
-            for name in names:
-                parsed = parse_finished_entry(name)
-                if parsed is None:
-                    continue
-                job_id = parsed[0]
-                if cutoff and bucket == cutoff[0] and job_id >= cutoff[1]:
+            names = [n for bucket in groups[start]
+                     for n in self.children(self.layout.finished_bucket(bucket))]
+            for job_id in sorted({p[0] for n in names if (p := parse_finished_entry(n))},
+                                 reverse=True):
+                if cutoff and start == cutoff[0] and job_id >= cutoff[1]:
                     continue
                 ids.append(job_id)
                 if len(ids) >= limit:
@@ -374,22 +445,53 @@ class Store:
                         states: tuple[str, ...] = ("S", "F")) -> int:
         """Delete finished records whose bucket ended before `before_ms`; return the count.
 
-        Each batch is one multi (status record + index entry); the leader passes its
-        fence. An entry already gone (someone else purged it) is skipped, not fatal.
+        A purge by age: buckets are judged by their start (their finish times), whatever
+        their TTL.
+        """
+        return self.delete_buckets(
+            [b for b in self.buckets() if parse_bucket(b)[0] + BUCKET_MS <= before_ms],
+            fence=fence, states=states)
+
+    def expire_finished(self, *, fence: str | None, now_ms: int, default_ttl: float,
+                        watch=None) -> tuple[int, int | None]:
+        """Delete the buckets whose TTL has passed; return (count, next expiry in ms).
+
+        The next expiry is that of the earliest bucket still kept (None if none), so the
+        leader can sleep until then. Buckets we tried but could not remove (entries of a
+        foreign name) are not counted: they must not make the leader spin.
+        """
+        expired, upcoming = [], []
+        for bucket in self.children(self.layout.finished, watch=watch):
+            expiry = bucket_expiry_ms(bucket, default_ttl)
+            if expiry is None:
+                continue
+            if expiry <= now_ms:
+                expired.append(bucket)
+            else:
+                upcoming.append(expiry)
+        return (self.delete_buckets(sorted(expired), fence=fence),
+                min(upcoming) if upcoming else None)
+
+    def delete_buckets(self, buckets: Iterable[str], *, fence: str | None = None,
+                       states: tuple[str, ...] = ("S", "F")) -> int:
+        """Delete the records indexed in `buckets`, then each emptied bucket.
+
+        A bucket is listed alone (one bucket is ten seconds of finishes, never the whole
+        index). Each batch is one multi (status record + index entry); the leader passes
+        its fence. An entry already gone (someone else purged it) is skipped, not fatal.
         """
         deleted = 0
-        for bucket in self.buckets():
-            if int(bucket) + BUCKET_MS > before_ms:
-                break
+        for bucket in buckets:
             parent = self.layout.finished_bucket(bucket)
             entries = [n for n in self.children(parent)
                        if (parsed := parse_finished_entry(n)) and parsed[1] in states]
             for start in range(0, len(entries), 50):
                 deleted += self._delete_entries(fence, bucket, entries[start:start + 50])
             try:
-                self.client.delete(parent)  # fails while entries of other states remain
+                self.retry(self.client.delete, parent)  # fails while other entries remain
             except (NoNodeError, NotEmptyError):
                 pass
+            self._buckets_made.discard(bucket)
         return deleted
 
     def _delete_entries(self, fence, bucket, entries) -> int:
@@ -528,9 +630,93 @@ class Store:
                 for path in cleanup:
                     txn.delete(path)
 
-        return self._commit_raw(build)
+        results = self._commit_raw(build)
+        failed = failures(results)
+        if failed and failed[0][0] != 0 and self.forget_bucket_if_gone(index, failed):
+            index = self.index_path(lost_record)  # expired or purged meanwhile: remake
+            results = self._commit_raw(build)
+        return results
 
     def _commit_raw(self, build):
         txn = self.client.transaction()
         build(txn)
         return txn.commit()
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    limit: float     # time.monotonic() deadline
+    seconds: float   # the bound, for messages
+    hosts: str
+
+
+class _BoundedClient:
+    """A KazooClient whose reads, writes and multis wait for an answer until a deadline.
+
+    Only the calls Store and the backend make are here; anything else (state, Lock,
+    handler) goes to the client itself.
+    """
+
+    def __init__(self, client, bound: _Bound):
+        self._client = client
+        self._bound = bound
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def wait(self, start: Callable):
+        """Send a request with `start()` (an *_async call) and wait until the deadline."""
+        bound = self._bound
+        remaining = bound.limit - time.monotonic()
+        if remaining <= 0:  # do not queue a request nobody will wait for
+            raise self._late()
+        async_result = start()
+        try:
+            return async_result.get(timeout=remaining)
+        except self._client.handler.timeout_exception as exc:
+            raise self._late() from exc
+
+    def _late(self) -> ZooKeeperUnavailableError:
+        bound = self._bound
+        return ZooKeeperUnavailableError(
+            f"ZooKeeper at {bound.hosts!r} did not answer within {bound.seconds:g}s "
+            "(CONNECT_TIMEOUT): the ensemble is unreachable or has lost its quorum."
+        )
+
+    def get(self, path, watch=None):
+        return self.wait(lambda: self._client.get_async(path, watch=watch))
+
+    def get_children(self, path, watch=None):
+        return self.wait(lambda: self._client.get_children_async(path, watch=watch))
+
+    def exists(self, path, watch=None):
+        return self.wait(lambda: self._client.exists_async(path, watch=watch))
+
+    def create(self, path, value=b"", **kwargs):
+        return self.wait(lambda: self._client.create_async(path, value, **kwargs))
+
+    def set(self, path, value, version=-1):
+        return self.wait(lambda: self._client.set_async(path, value, version=version))
+
+    def delete(self, path, version=-1):
+        return self.wait(lambda: self._client.delete_async(path, version=version))
+
+    def ensure_path(self, path):
+        return self.wait(lambda: self._client.ensure_path_async(path))
+
+    def transaction(self):
+        return _BoundedTransaction(self._client.transaction(), self)
+
+
+class _BoundedTransaction:
+    """A kazoo transaction whose commit waits until the deadline of its client view."""
+
+    def __init__(self, txn, client: _BoundedClient):
+        self._txn = txn
+        self._client = client
+
+    def __getattr__(self, name):
+        return getattr(self._txn, name)
+
+    def commit(self):
+        return self._client.wait(self._txn.commit_async)

@@ -25,6 +25,8 @@ class ZkTask(Task):
     unique_key: str | None = None  # a second submit while this key's job is unfinished
     #                                returns that job's result instead of a new job
     by_value: bool | None = None  # None: decide from where the function lives
+    result_ttl: float | None = None  # seconds a finished result is kept; None: the
+    #                                  backend's RESULT_TTL
 
     def __post_init__(self):
         if (
@@ -43,6 +45,16 @@ class ZkTask(Task):
         ):
             raise InvalidTaskError(
                 f"timeout is {self.timeout!r}; give a positive number of seconds or None."
+            )
+        if self.result_ttl is not None and (
+            isinstance(self.result_ttl, bool)
+            or not isinstance(self.result_ttl, int | float)
+            or not self.result_ttl > 0
+            or not math.isfinite(self.result_ttl)
+        ):
+            raise InvalidTaskError(
+                f"result_ttl is {self.result_ttl!r}; give a positive number of seconds, or "
+                "None for the backend's RESULT_TTL."
             )
         if not callable(self.backoff) and (
             isinstance(self.backoff, bool)
@@ -73,7 +85,7 @@ class ZkTask(Task):
 
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
               max_attempts=None, backoff=None, retry_on=_UNSET, timeout=_UNSET,
-              unique_key=_UNSET):
+              unique_key=_UNSET, result_ttl=_UNSET):
         """Return a copy with other defaults (Django's options plus zktasks' own)."""
         changed = Task.using(
             self, priority=priority, queue_name=queue_name, run_after=run_after,
@@ -90,6 +102,8 @@ class ZkTask(Task):
             extra["timeout"] = timeout
         if unique_key is not _UNSET:
             extra["unique_key"] = unique_key
+        if result_ttl is not _UNSET:
+            extra["result_ttl"] = result_ttl
         return replace(changed, **extra) if extra else changed
 
     def submit(self, *args, **kwargs):

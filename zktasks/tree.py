@@ -5,6 +5,7 @@ The table below is the contract operators, the dashboard and other code read
 """
 
 import hashlib
+import math
 import re
 import secrets
 import threading
@@ -29,10 +30,15 @@ LAYOUT = (
      "parent of the worker's assignments; the leader deletes it once the worker is gone"),
     ("{root}/assignments/{worker_id}/{job_id}", "PERSISTENT", "the leader",
      "one per job assigned to that worker; data: JSON queue, node, leader, assigned_at"),
-    ("{root}/finished/{bucket_ms}/{job_id}.{S|F}.{queue}", "PERSISTENT",
+    ("{root}/finished/{bucket_ms}[-{ttl_s}]", "PERSISTENT",
+     "whoever records a final state (made on first use)",
+     "a 10-second bucket of the finished index: finish times from bucket_ms on, of jobs "
+     "kept for RESULT_TTL (no suffix) or for their own result_ttl of ttl_s seconds. It "
+     "expires at bucket_ms + 10 s + its TTL; the leader then deletes it and its jobs"),
+    ("{root}/finished/{bucket}/{job_id}.{S|F}.{queue}", "PERSISTENT",
      "whoever records a final state (in the same multi)",
-     "index of finished jobs in 10-second buckets by finish time: result expiry, purge "
-     "and the dashboard's newest-first pages list buckets, never status/; no data"),
+     "index of finished jobs: result expiry, purge and the dashboard's newest-first "
+     "pages list buckets (merging those of one bucket_ms), never status/; no data"),
     ("{root}/unique/{sha256(unique_key)}", "PERSISTENT",
      "submitters (with the job, in one multi); removed when the job finishes",
      "JSON: job_id, key. Its existence makes a second submit with the key return the "
@@ -127,11 +133,49 @@ def parse_dead_letter_name(name: str) -> int | None:
 
 
 BUCKET_MS = 10_000
+_BUCKET_RE = re.compile(r"^(\d{13})(?:-([1-9]\d{0,11}))?$")
 
 
-def finished_bucket(finished_ms: int) -> str:
-    """Name the 10-second bucket of the finished index that holds a finish time."""
-    return f"{finished_ms - finished_ms % BUCKET_MS:013d}"
+def ttl_seconds(ttl: float) -> int:
+    """Return a per-task result TTL as the whole seconds a bucket name carries (rounded
+    up, so a result is never dropped before its TTL)."""
+    return max(1, math.ceil(ttl))
+
+
+def finished_bucket(finished_ms: int, ttl: float | None = None) -> str:
+    """Name the 10-second bucket of the finished index that holds a finish time.
+
+    Jobs kept for the global RESULT_TTL share the plain name; a job with its own
+    result_ttl goes to a sibling bucket named after that TTL, so the leader can tell
+    each bucket's expiry from its name alone: no extra znode or read per job.
+    """
+    start = f"{finished_ms - finished_ms % BUCKET_MS:013d}"
+    return start if ttl is None else f"{start}-{ttl_seconds(ttl)}"
+
+
+def parse_bucket(name: str) -> tuple[int, int | None] | None:
+    """Return (start_ms, ttl_s or None for the global TTL) of a bucket, or None for a
+    foreign name."""
+    match = _BUCKET_RE.match(name)
+    if not match:
+        return None
+    return int(match.group(1)), int(match.group(2)) if match.group(2) else None
+
+
+def bucket_expiry_ms(name: str, default_ttl: float) -> int | None:
+    """Return when a bucket's results expire (epoch ms): the end of its 10 seconds plus
+    its TTL (the global one for a plain name). None for a foreign name."""
+    parsed = parse_bucket(name)
+    if parsed is None:
+        return None
+    start, ttl = parsed
+    return start + BUCKET_MS + int((default_ttl if ttl is None else ttl) * 1000)
+
+
+def bucket_start(name: str) -> str:
+    """The 13-digit start of a bucket's name: what newest-first pages and cursors sort
+    and merge by (buckets of one start but different TTLs hold the same 10 seconds)."""
+    return name[:13]
 
 
 def finished_entry(job_id: str, state: str, queue: str) -> str:

@@ -127,8 +127,10 @@ def test_results_filter_by_state_task_and_queue_and_page_newest_first(admin_clie
                                                                        start_worker,
                                                                        monkeypatch):
     start_worker()
-    ok = [tasks.add.submit(i, i) for i in range(3)]
-    bad = [tasks.boom.submit(f"bad {i}") for i in range(2)]
+    # Some with their own result_ttl: their buckets share start times with the global
+    # TTL's, and pages merge them.
+    ok = [tasks.add.using(result_ttl=3600 if i % 2 else None).submit(i, i) for i in range(3)]
+    bad = [tasks.boom.using(result_ttl=7200 * i or None).submit(f"bad {i}") for i in range(2)]
     mail = dash_tasks.send.submit("grace@example.com")
     for job in [*ok, *bad, mail]:
         job.wait(timeout=30)
@@ -185,7 +187,7 @@ def test_search_by_id_opens_the_job(admin_client, backend, start_worker):
 
 def test_job_detail_of_a_success(admin_client, backend, start_worker):
     worker = start_worker()
-    job = tasks.add.submit(20, 22)
+    job = tasks.add.using(result_ttl=600).submit(20, 22)  # its index entry is in a -600 bucket
     job.wait(timeout=30)
     html = text(admin_client.get(url("zktasks_job_change", job.id)))
     assert "tests.tasks.add(20, 22)" in html

@@ -65,6 +65,10 @@ def test_invalid_priority_is_refused(backend, priority):
 @pytest.mark.parametrize("options,match", [
     ({"max_attempts": 0}, "max_attempts"),
     ({"timeout": -1}, "timeout"),
+    ({"result_ttl": 0}, "result_ttl"),
+    ({"result_ttl": True}, "result_ttl"),
+    ({"result_ttl": float("inf")}, "result_ttl"),
+    ({"result_ttl": "1h"}, "result_ttl"),
 ])
 def test_invalid_task_options_are_refused(backend, options, match):
     with pytest.raises(InvalidTaskError, match=match):

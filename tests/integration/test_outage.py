@@ -18,8 +18,13 @@ def own_server():
 
 @pytest.fixture
 def zk_settings(settings, own_server, zk_root, monkeypatch):
-    """Overrides the suite's fixture: every task backend here uses this test's server."""
-    return use_zookeeper(settings, monkeypatch, own_server.hosts, zk_root)
+    """Overrides the suite's fixture: every task backend here uses this test's server.
+
+    A submit waits for ZooKeeper at most CONNECT_TIMEOUT: a minute here, so that riding
+    out a JVM restart does not depend on how loaded the machine is.
+    """
+    return use_zookeeper(settings, monkeypatch, own_server.hosts, zk_root,
+                         CONNECT_TIMEOUT=60.0)
 
 
 def test_submit_rides_out_a_server_restart(zk_settings, own_server, start_worker):
@@ -88,3 +93,26 @@ def test_retry_after_a_freeze_still_tries_before_giving_up(zk_settings, own_serv
 
     assert store.retry(first_call_lost_then_fine, deadline=-1.0) is not None
     assert len(calls) == 2
+
+
+def test_bounded_calls_give_up_while_the_server_is_down(zk_settings, own_server):
+    """Inside Store.bounded() a call made while kazoo is disconnected raises at the
+    deadline instead of waiting in kazoo's queue for the reconnection; nested blocks
+    keep the earlier deadline; outside them nothing changes."""
+    from django.tasks import task_backends
+
+    from zktasks.exceptions import ZooKeeperUnavailableError
+
+    store = task_backends["default"].store
+    job = tasks.add.submit(1, 1)
+    own_server.stop()
+    unavailable = pytest.raises(ZooKeeperUnavailableError, match=r"did not answer within 1s")
+    with unavailable, store.bounded(1.0), store.bounded(300.0):
+        store.read_status(job.id)
+    unavailable = pytest.raises(ZooKeeperUnavailableError, match=r"within 1s")
+    with unavailable, store.bounded(1.0):
+        store.commit(lambda txn: txn.check(store.layout.status(job.id), -1))
+    assert store.client is store.raw_client  # the bound ended with its block
+    own_server.start()
+    with store.bounded(60.0):
+        assert store.read_status(job.id).record.id == job.id

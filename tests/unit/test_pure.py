@@ -9,7 +9,16 @@ from zktasks import envelope, records, serialization
 from zktasks.conf import Options
 from zktasks.exceptions import ConfigurationError, CorruptRecord, PayloadVerificationError
 from zktasks.leader import Leader, WorkerView
-from zktasks.tree import job_node_name, new_job_id, parse_job_node
+from zktasks.tree import (
+    BUCKET_MS,
+    bucket_expiry_ms,
+    bucket_start,
+    finished_bucket,
+    job_node_name,
+    new_job_id,
+    parse_bucket,
+    parse_job_node,
+)
 
 KEY = "k" * 50
 
@@ -58,6 +67,40 @@ def test_status_record_round_trip_is_readable_json():
     for bad in (b"", b"[]", b'{"state": "WEIRD"}', b"\xff"):
         with pytest.raises(CorruptRecord):
             records.StatusRecord.from_bytes(bad)
+
+
+def test_finished_bucket_names_carry_a_per_task_ttl():
+    ms = 1_700_000_012_345
+    assert finished_bucket(ms) == "1700000010000"
+    assert finished_bucket(ms, 2) == "1700000010000-2"
+    assert finished_bucket(ms, 1.2) == "1700000010000-2"  # whole seconds, rounded up
+    assert finished_bucket(ms, 0.1) == "1700000010000-1"
+    assert parse_bucket("1700000010000") == (1_700_000_010_000, None)
+    assert parse_bucket("1700000010000-604800") == (1_700_000_010_000, 604_800)
+    for foreign in ("", "abc", "170000001000", "1700000010000-", "1700000010000-0",
+                    "1700000010000-x", "1700000010000-2-3", "-1700000010000"):
+        assert parse_bucket(foreign) is None, foreign
+    assert bucket_start("1700000010000-5") == bucket_start("1700000010000")
+    # A bucket expires when its ten seconds are over plus its TTL (global if no suffix).
+    assert bucket_expiry_ms("1700000010000", 60) == 1_700_000_010_000 + BUCKET_MS + 60_000
+    assert bucket_expiry_ms("1700000010000-2", 60) == 1_700_000_010_000 + BUCKET_MS + 2_000
+    assert bucket_expiry_ms("garbage", 60) is None
+    # Buckets of one start sort together, before the next start's.
+    names = sorted(["1700000020000", "1700000010000-30", "1700000010000",
+                    "1700000010000-5"])
+    assert [bucket_start(n) for n in names] == ["1700000010000"] * 3 + ["1700000020000"]
+
+
+def test_status_record_result_ttl_is_optional_and_old_records_load():
+    record = records.StatusRecord(id="a" * 32, task="m.f", backend="default", queue="q",
+                                  priority=0)
+    assert "result_ttl" not in json.loads(record.to_bytes())  # old readers still load it
+    assert records.StatusRecord.from_bytes(record.to_bytes()).result_ttl is None
+    kept = record.evolve(result_ttl=2.5)
+    assert records.StatusRecord.from_bytes(kept.to_bytes()).result_ttl == 2.5
+    old = json.loads(record.to_bytes())
+    old.pop("result_ttl", None)
+    assert records.StatusRecord.from_bytes(json.dumps(old).encode()) == record
 
 
 def _module_function(x):
