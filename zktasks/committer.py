@@ -220,7 +220,7 @@ class Committer:
                     txn.delete(path)
         return build
 
-    def _flush(self, ops: list[_Op]) -> None:
+    def _flush(self, ops: list[_Op], *, again: bool = False) -> None:
         first = ops[0]
         first_status = self.layout.status(first.commit.job_id)
         try:
@@ -238,10 +238,22 @@ class Committer:
                 self._settle(op, True)
             return
         if len(ops) == 1:
-            self._settle(ops[0], False, failures(results))
+            op, failed = ops[0], failures(results)
+            if op.kind == "finish" and not again and self._bucket_gone(op, failed):
+                # Its finished-index bucket expired or was purged since we made it:
+                # make it again (index_path does) and try once more.
+                op.commit._final_ops = None
+                self._flush([self._op(op.commit)], again=True)
+                return
+            self._settle(op, False, failed)
             return
         for op in ops:  # find the stale job: one multi each
             self._flush([op])
+
+    def _bucket_gone(self, op: _Op, failed) -> bool:
+        index = next((path for path, _ in op.creates
+                      if path.startswith(self.layout.finished + "/")), None)
+        return self.store.forget_bucket_if_gone(index, failed)
 
     def _resolve(self, ops: list[_Op], first_status: str, first_data: bytes) -> None:
         """After an error the batch may or may not have landed (rule 4): read, then

@@ -189,3 +189,24 @@ def test_system_check_reports_bad_options(settings):
     errors = [e for e in checks.run_checks() if e.id.startswith("zktasks")]
     assert [e.id for e in errors] == ["zktasks.E001"]
     assert "ROOT" in errors[0].msg
+
+
+def test_plain_calls_use_the_fast_pickler_and_others_dill():
+    import json
+    import pickle as std_pickle
+
+    from zktasks import serialization
+    from zktasks.serialization import dump_call, dump_value, load_call
+
+    class Tag(str):  # a local class: a worker could not import it by reference
+        pass
+
+    args = (1, "a", [2.5, None], {"k": (b"x",)})
+    plain = dump_call(json.dumps, args, {}, task_path="t")
+    std_pickle.loads(plain)  # the standard library reads it: no dill involved
+    assert load_call(plain).args == args
+    # A str subclass is not plain: dill carries it by value, and dill reads both formats.
+    other = load_call(dump_call(json.dumps, (Tag("red"),), {}, task_path="t")).args[0]
+    assert other == "red" and type(other).__name__ == "Tag"
+    assert serialization._plain({"a": [1, (2, 3)]}) and not serialization._plain([Tag()])
+    assert std_pickle.loads(dump_value({"ok": True})) == {"ok": True}
