@@ -30,6 +30,8 @@ class Execution:
     blob: bytes            # verified dill bytes of (function, args, kwargs)
     record_json: bytes     # the RUNNING status record (for the task's context)
     timeout: float | None
+    attempt: int = 1       # the attempt this run is (for the retry policy)
+    takes_context: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,13 +48,13 @@ def execute(execution: Execution) -> Outcome:
     from .records import StatusRecord
 
     call = None
-    record = None
     context.begin(execution.job_id)
     try:
         call = serialization.load_call(execution.blob)
-        record = StatusRecord.from_bytes(execution.record_json)
         args = call.args
-        if record.takes_context:
+        if execution.takes_context:
+            # Only then is the record decoded here: most tasks never need it.
+            record = StatusRecord.from_bytes(execution.record_json)
             args = (_context(record, call.func, call.args, call.kwargs), *args)
         _in_task.active = True
         try:
@@ -67,8 +69,8 @@ def execute(execution: Execution) -> Outcome:
         return Outcome(ok=True, value_blob=serialization.dump_value(value))
     except BaseException as exc:  # a task's SystemExit is its failure, not ours
         delay = None
-        if call is not None and record is not None:
-            delay = retry_delay(call.policy, record.attempts, exc)
+        if call is not None:
+            delay = retry_delay(call.policy, execution.attempt, exc)
         return Outcome(ok=False, error=ErrorRecord.from_exception(exc), retry_delay=delay)
     finally:
         context.end()

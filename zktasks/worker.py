@@ -550,6 +550,7 @@ class Worker:
             self._send(task_started, running, call)
         outcome = self.runner.run(Execution(
             job_id=job_id, blob=blob, record_json=running_bytes, timeout=record.timeout,
+            attempt=running.attempts, takes_context=running.takes_context,
         ))
         if not outcome.ok and outcome.retry_delay is None and outcome.error.exception_class_path \
                 in ("zktasks.exceptions.TaskTimeout", "zktasks.exceptions.TaskProcessDied"):
