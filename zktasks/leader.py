@@ -140,7 +140,9 @@ class Leader:
             stat = self.client.exists(self.fence)
         except TRANSIENT:
             return False
-        return stat is not None and stat.ephemeralOwner == self.client.client_id[0]
+        client_id = self.client.client_id  # None while the connection is down
+        return (stat is not None and client_id is not None
+                and stat.ephemeralOwner == client_id[0])
 
     def cancel(self) -> None:
         self.stop_event.set()

@@ -26,7 +26,7 @@ from datetime import timedelta
 
 from django.tasks import task_backends
 from django.tasks.signals import task_finished, task_started
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import ConnectionLoss, KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import EventType, KazooState
 
 from . import deadletter, envelope, records, serialization
@@ -188,7 +188,10 @@ class Worker:
         failed = failures(results)
         if failed and not isinstance(failed[0][1], NodeExistsError):
             raise failed[0][1]
-        self._session = self.client.client_id[0]
+        client_id = self.client.client_id
+        if client_id is None:  # dropped right after the multi: register again later
+            raise ConnectionLoss("the connection dropped while registering")
+        self._session = client_id[0]
         if self.leader is not None:
             self.leader.identity = worker_id  # contend under the new identity next time
         self._lost = False
@@ -273,6 +276,14 @@ class Worker:
                 if (kind, value) not in retry_later:
                     retry_later.append((kind, value))
                 continue
+            except Exception:
+                # A bug must not take the worker's main thread down: its running jobs,
+                # drains and re-registrations all go through here.
+                logger.exception("worker event failed worker=%s event=%s; retrying it",
+                                 self.worker_id, kind)
+                if kind is not None and (kind, value) not in retry_later:
+                    retry_later.append((kind, value))
+                continue
             if result is _STOP:
                 return
             if isinstance(result, float):
@@ -327,7 +338,12 @@ class Worker:
             logger.error("ZooKeeper session expired worker=%s: its jobs will be handed "
                          "back; registering again", self.worker_id)
         elif state == KazooState.CONNECTED:
-            if self._lost or self.client.client_id[0] != self._session:
+            client_id = self.client.client_id
+            if client_id is None:
+                # The connection dropped again before we got here: kazoo's next
+                # CONNECTED event (queued after its SUSPENDED) does this work.
+                return
+            if self._lost or client_id[0] != self._session:
                 self._lost = True
                 self._register()  # on failure the main loop posts this event again
             else:
