@@ -308,7 +308,8 @@ def drain(trial: Trial) -> dict:
         victim.popen.wait(60.0)
     except Exception as exc:
         raise Finding("the drained worker did not exit within 60 s") from exc
-    drain_s = time.time() - signalled_at
+    exited_at = time.time()
+    drain_s = exited_at - signalled_at
     victim.state, victim.exit_code = "stopped", victim.popen.returncode
 
     def finished():
@@ -324,11 +325,16 @@ def drain(trial: Trial) -> dict:
     effects = Counter(r.job_id for r in runs if r.mark == "E")
     ran_on = {r.job_id: r.worker_id for r in runs if r.mark == "E"}
     repeated = sorted(j for j in jobs if starts[j] > 1 or effects[j] > 1)
+    # The drain splits into waiting for the running jobs and the worker's own exit.
+    last_effect = max((r.at for r in runs if r.mark == "E" and r.worker_id == victim_id
+                       and r.job_id in running), default=None)
     lost = sorted(j for j in jobs if (found[j] or {}).get("state") != "SUCCESSFUL"
                   or effects[j] != 1)
     return {
         "victim": victim_id, "running": len(running), "prefetched": len(prefetched),
         "drain_s": drain_s, "exit_code": victim.exit_code,
+        "jobs_done_s": None if last_effect is None else last_effect - signalled_at,
+        "exit_after_jobs_s": None if last_effect is None else exited_at - last_effect,
         "jobs": len(jobs), "repeated": len(repeated), "lost": len(lost),
         "repeated_jobs": repeated, "lost_jobs": {j: (found[j] or {}).get("state")
                                                  for j in lost},
@@ -414,8 +420,8 @@ def brief(scenario: str, row: dict) -> str:
         return (f"session gone {fmt(row['session_gone_s'])}s, its {row['held']} jobs running "
                 f"elsewhere after {', '.join(fmt(v) for v in row['running_each_s'])}s")
     return (f"{row['running']} running + {row['prefetched']} prefetched, drained in "
-            f"{fmt(row['drain_s'])}s, exit {row['exit_code']}, {row['repeated']} repeated, "
-            f"{row['lost']} lost of {row['jobs']}")
+            f"{fmt(row['drain_s'])}s (its jobs done after {fmt(row['jobs_done_s'])}s), exit "
+            f"{row['exit_code']}, {row['repeated']} repeated, {row['lost']} lost of {row['jobs']}")
 
 
 def fmt(value) -> str:
@@ -429,6 +435,8 @@ MEASURES = (
     ("leader_kill", "assigned_s", "leader kill -> job assigned by new leader", True),
     ("worker_kill", "session_gone_s", "worker kill -> its session gone (seen)", False),
     ("worker_kill", "running_s", "worker kill -> its jobs running elsewhere", True),
+    ("drain", "jobs_done_s", "drain: SIGTERM -> its running jobs done", False),
+    ("drain", "exit_after_jobs_s", "drain: running jobs done -> worker exited", False),
     ("drain", "drain_s", "drain: SIGTERM -> worker exited", False),
 )
 
