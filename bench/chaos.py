@@ -103,13 +103,14 @@ def parse_log_time(stamp: str) -> float:
 class WorkerProc:
     """One `runworker` process in its own process group, logging to its own file."""
 
-    def __init__(self, name: str, env: dict, log_dir: Path, concurrency: int):
+    def __init__(self, name: str, env: dict, log_dir: Path, concurrency: int,
+                 extra_args: tuple[str, ...] = ()):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
         cmd = [sys.executable, "-m", "django", "runworker", "--pool", "process",
                "--concurrency", str(concurrency), "--name", name, "-v", "2",
-               "--traceback"]
+               "--traceback", *extra_args]
         self.popen = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                                       stdout=self._log, stderr=subprocess.STDOUT,
                                       process_group=0)

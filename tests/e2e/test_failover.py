@@ -1,0 +1,68 @@
+"""The failover benchmark, one short trial: it runs, reports figures, and the drain neither
+repeats nor loses a job.
+
+bench/failover.py runs as a subprocess (its own ZooKeeper, workers and settings) with a
+2-second session timeout and one trial of each scenario (~30 s). No timing is asserted:
+the figures only have to exist. The full run is `.venv/bin/python bench/failover.py`.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+DEADLINE = 240  # seconds; the run takes ~30 s on a loaded 2-CPU machine
+
+
+def test_failover_benchmark_runs_and_drain_repeats_nothing(tmp_path):
+    report = tmp_path / "failover.json"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ZKTASKS_TEST_") and k != "DJANGO_SETTINGS_MODULE"}
+    cmd = [sys.executable, str(REPO / "bench" / "failover.py"), "--trials", "1",
+           "--session-timeout", "2", "--json", str(report)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=DEADLINE)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the harness stops its workers and server
+        try:
+            output, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        pytest.fail(f"the failover run did not end within {DEADLINE}s:\n{output[-8000:]}")
+    assert proc.returncode == 0, output[-12000:]
+
+    result = json.loads(report.read_text())
+    assert result["failures"] == [], result["failures"]
+    runs = result["runs"]
+    assert {k: len(v) for k, v in runs.items()} == {
+        "leader_kill": 1, "worker_kill": 1, "drain": 1}, output[-6000:]
+
+    drained = runs["drain"][0]
+    assert drained["exit_code"] == 0, drained
+    assert drained["repeated"] == 0, drained
+    assert drained["lost"] == 0, drained
+    assert drained["running"] >= 1 and drained["prefetched"] >= 1, drained
+    assert drained["prefetched_ran_elsewhere"] == drained["prefetched"], drained
+
+    killed = runs["worker_kill"][0]
+    assert killed["held"] >= 1 and len(killed["ran_again_on"]) == killed["held"], killed
+    assert killed["victim"] not in killed["ran_again_on"].values(), killed
+    assert runs["leader_kill"][0]["new_leader"] != runs["leader_kill"][0]["victim"]
+
+    # Figures exist for every measure (their values are the benchmark's business).
+    measures = {(row["scenario"], row["measure"]) for row in result["summary"]}
+    assert {("leader_kill", "assigned_s"), ("worker_kill", "running_s"),
+            ("drain", "drain_s")} <= measures, result["summary"]
+    for row in result["summary"]:
+        assert row["median_s"] > 0, row
+    assert "leader kill -> job assigned by new leader" in output
