@@ -18,6 +18,7 @@ from kazoo.security import make_digest_acl
 
 from .conf import Options
 from .exceptions import ZooKeeperUnavailableError
+from .handler import SelectorCachingHandler
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def new_client(options: Options) -> KazooClient:
     return KazooClient(
         hosts=options.hosts,
         timeout=options.session_timeout,
+        handler=SelectorCachingHandler(),
         # Reconnect forever; callers bound their own waits. max_delay keeps the
         # reconnection loop responsive once the ensemble is back.
         connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
