@@ -82,4 +82,4 @@ class Driver(BaseDriver):
     def versions(self) -> str:
         from importlib.metadata import version
 
-        return f"django-tasks-db {version('django-tasks-db')}, {self.server.version}"
+        return f"django-tasks-db {version('django-tasks-db')}, psycopg {version('psycopg')}"
