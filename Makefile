@@ -126,7 +126,26 @@ lint: venv ## ruff check
 demo: venv zookeeper ## Run the demo: ZooKeeper, 2 workers, the site and sample tasks
 	$(VPY) project/demo.py $(DEMO_ARGS)
 
-bench: venv zookeeper ## Run the benchmarks (bench/run.py, BENCH_ARGS=...)
+# The benchmark's peers (Celery, RQ, Huey, Dramatiq, django-tasks-db): the `bench` extra,
+# installed into .venv on the first `make bench`, never a runtime dependency.
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	@echo "$(VPY) -m pip install -e '.[test,bench]'  (the benchmark's peers)"
+	@$(VPY) -m pip install --disable-pip-version-check -e '.[test,bench]'
+	@touch $@
+
+bench: venv zookeeper $(BENCH_STAMP) ## Run the benchmarks: zktasks and its peers (BENCH_ARGS=...)
+	@for pkg in redis-server:redis-server postgresql:initdb; do \
+	  bin="$${pkg#*:}"; \
+	  if ! command -v "$$bin" >/dev/null && ! ls /usr/lib/postgresql/*/bin/$$bin >/dev/null 2>&1 \
+	      && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "$$bin is missing: apt-get install -y $${pkg%%:*}"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get -o DPkg::Lock::Timeout=300 update; \
+	    apt-get -o DPkg::Lock::Timeout=300 install -y "$${pkg%%:*}"; \
+	  fi; \
+	done
 	$(VPY) bench/run.py $(BENCH_ARGS)
 
 clean: ## Remove .venv, var/ and caches

@@ -12,12 +12,16 @@ scenario starts `python -m django runworker` processes on a fresh root, and meas
   ("srvr": Received, Zxid) read before and after the throughput phase;
 * peak RSS (VmHWM) of each worker process and of its task processes.
 
-A last row runs the same pipeline on raw kazoo (bench/peer.py) for comparison.
-See bench/README.md.
+A row runs the same pipeline on raw kazoo (bench/peer.py) for comparison, and the peer
+matrix runs the same two workloads (noop, 10 ms sleep) with 1 and 2 worker processes
+through zktasks, Celery (default and reliable settings), RQ, Huey, Dramatiq and
+django-tasks-db (bench/peers/, the `bench` extra), each on its own loopback server, and
+prints the ratios zktasks / each peer. See bench/README.md.
 """
 
 import argparse
 import contextlib
+import fnmatch
 import json
 import os
 import platform
@@ -117,6 +121,7 @@ class Counters:
     sent: int
     zxid: int
     fsyncs: int
+    bytes_in: int = -1
 
 
 def zk_counters(zk) -> Counters:
@@ -128,9 +133,11 @@ def zk_counters(zk) -> Counters:
         sent = int(re.search(r"^Sent: (\d+)", srvr, re.M)[1])
         zxid = int(re.search(r"^Zxid: (0x[0-9a-fA-F]+)", srvr, re.M)[1], 16)
         fsync = re.search(r"^zk_cnt_fsynctime\s+(\d+)", mntr, re.M)
+        bytes_in = re.search(r"^zk_bytes_received_count\s+(\d+)", mntr, re.M)
     except (TypeError, ValueError) as exc:
         raise BenchError(f"cannot parse ZooKeeper counters from:\n{srvr}") from exc
-    return Counters(received, sent, zxid, int(fsync[1]) if fsync else -1)
+    return Counters(received, sent, zxid, int(fsync[1]) if fsync else -1,
+                    int(bytes_in[1]) if bytes_in else -1)
 
 
 def counter_delta(before: Counters, after: Counters, own_requests: int) -> dict:
@@ -141,6 +148,8 @@ def counter_delta(before: Counters, after: Counters, own_requests: int) -> dict:
         "sent": after.sent - before.sent - 2 - own_requests,
         "txns": (after.zxid & 0xFFFFFFFF) - (before.zxid & 0xFFFFFFFF),
         "fsyncs": after.fsyncs - before.fsyncs if before.fsyncs >= 0 else None,
+        # Includes the bench's own polls (a get_children request is ~40 bytes).
+        "bytes_in": after.bytes_in - before.bytes_in if before.bytes_in >= 0 else None,
     }
 
 
@@ -275,8 +284,8 @@ def _cpu_seconds(pid: int) -> float:
 class CpuMeter:
     """CPU seconds used by the bench process, the worker trees and ZooKeeper."""
 
-    def __init__(self, zk, procs: list["Proc"]):
-        self.zk_pid = zk.pid
+    def __init__(self, server_pids: list[int], procs: list["Proc"]):
+        self.server_pids = server_pids
         self.procs = procs
 
     def sample(self) -> dict:
@@ -286,7 +295,7 @@ class CpuMeter:
         workers = sum(_cpu_seconds(pid) for proc in self.procs
                       for pid in (proc.pid, *_descendants(proc.pid)))
         return {"submitter": own.ru_utime + own.ru_stime, "workers": workers,
-                "zookeeper": _cpu_seconds(self.zk_pid) if self.zk_pid else 0.0}
+                "zookeeper": sum(_cpu_seconds(pid) for pid in self.server_pids)}
 
     @staticmethod
     def per_job_ms(before: dict, after: dict, jobs: int) -> dict:
@@ -404,9 +413,9 @@ class Done:
 
 
 class ZkTasksDriver:
-    """Submit and wait through zktasks' public API (bench.tasks.noop)."""
+    """Submit and wait through zktasks' public API (bench.tasks.noop or .sleep10)."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, workload: str = "noop"):
         from django.tasks import task_backends
 
         from zktasks.tree import Layout
@@ -418,9 +427,10 @@ class ZkTasksDriver:
         self.queue_path = layout.queue("default")
         self.assignments_path = layout.assignments
         self.workers_path = layout.workers
-        from bench.tasks import noop
+        self.leader_path = layout.leader
+        from bench import tasks
 
-        self.task = noop
+        self.task = getattr(tasks, workload)
 
     def submit(self):
         return self.task.enqueue()
@@ -462,10 +472,12 @@ class PeerDriver:
 @dataclass
 class Scenario:
     name: str
-    kind: str          # "zktasks" or "peer"
+    kind: str          # "zktasks", "peer" (raw kazoo) or "queue" (a system in bench/peers)
     workers: int
     pool: str
     concurrency: int
+    workload: str = "noop"
+    system: str = "zktasks"
 
 
 @dataclass
@@ -498,6 +510,14 @@ class Row:
     rss_main_mb: float = 0.0
     rss_tree_mb: float = 0.0
     stop_seconds: list = field(default_factory=list)
+    system: str = "zktasks"
+    workload: str = "noop"
+    # Comparable across systems (the peer matrix): streaming phase, counted until every
+    # result has been read once, from the server's own counters (ZooKeeper or Redis).
+    server_requests_per_job: float | None = None
+    server_bytes_in_per_job: float | None = None
+    rss_leader_mb: float | None = None   # zktasks: the worker tree that leads
+    server_mb: float | None = None       # PSS of ZooKeeper / Redis / PostgreSQL afterwards
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -514,7 +534,7 @@ class Phase:
     def __init__(self, zk, monitor: Monitor, procs: list["Proc"]):
         self.zk = zk
         self.monitor = monitor
-        self.meter = CpuMeter(zk, procs)
+        self.meter = CpuMeter([zk.pid] if zk.pid else [], procs)
         self.cpu = self.meter.sample()
         self.counters = zk_counters(zk)
         self.polls = monitor.requests
@@ -543,7 +563,8 @@ def start_workers(sc: Scenario, zk, root: str, log_dir: Path) -> list["Proc"]:
 
 def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row:
     root = f"/bench-{sc.name}-{secrets.token_hex(4)}"
-    row = Row(sc.name, sc.workers, sc.pool, sc.concurrency, args.jobs)
+    row = Row(sc.name, sc.workers, sc.pool, sc.concurrency, args.jobs, system=sc.system,
+              workload=sc.workload)
     print(f"-- {sc.name}: {sc.workers} worker(s), pool={sc.pool}, concurrency="
           f"{sc.concurrency}, root={root}", flush=True)
     procs: list[Proc] = []
@@ -556,7 +577,7 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
 
             settings_cm = override_settings(TASKS=tasks_setting(zk.hosts, root))
             settings_cm.enable()
-            driver = ZkTasksDriver(root)
+            driver = ZkTasksDriver(root, sc.workload)
         else:
             driver = PeerDriver(zk.hosts, root)
 
@@ -613,6 +634,12 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         for profiler in profilers:
             profiler.stop()
         last = max(driver.wait(h, WAIT_TIMEOUT).finished for h in handles)
+        # The same counters once every result has been read: what the peers' rows count.
+        after = counter_delta(phase.counters, zk_counters(zk),
+                              monitor.requests - phase.polls)
+        row.server_requests_per_job = (after["received"] - 2) / args.jobs
+        if after["bytes_in"] is not None:
+            row.server_bytes_in_per_job = after["bytes_in"] / args.jobs
         row.submit_per_s = args.jobs / submit_s
         row.e2e_per_s = args.jobs / (last - t0)
         row.zk_raw["stream"] = delta
@@ -653,6 +680,9 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
             row.rss.append(proc.rss())
         row.rss_main_mb = max(r["main_mb"] for r in row.rss)
         row.rss_tree_mb = max(r["main_mb"] + sum(r["children_mb"]) for r in row.rss)
+        if sc.kind == "zktasks":
+            row.rss_leader_mb = leader_rss(monitor, driver.leader_path, procs, row.rss)
+        row.server_mb = round(pss_mb([zk.pid]), 1)
     finally:
         for profiler in profilers:
             profiler.stop()
@@ -665,6 +695,122 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
             settings_cm.disable()
     print(f"   workers stopped in {row.stop_seconds} s", flush=True)
     return row
+
+
+def pss_mb(pids: list[int]) -> float:
+    from bench.peers.servers import pss_mb as pss
+
+    return pss(pids)
+
+
+def leader_rss(monitor: Monitor, leader_path: str, procs: list["Proc"],
+               rss: list[dict]) -> float | None:
+    """Peak RSS (with task processes) of the worker that leads: the data of the
+    lowest-sequence election znode is its worker id, which starts with its --name."""
+    try:
+        nodes = monitor.client.get_children(leader_path)
+        first = min(nodes, key=lambda n: n[-10:])
+        leader_id = monitor.client.get(f"{leader_path}/{first}")[0].decode()
+    except Exception:
+        return None
+    for proc, r in zip(procs, rss, strict=True):
+        if leader_id.startswith(f"{proc.name}-"):
+            return round(r["main_mb"] + sum(r["children_mb"]), 1)
+    return None
+
+
+def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
+    """The same three phases through a peer system (bench/peers): its own API to submit
+    and to wait, its own worker command, its server's counters."""
+    row = Row(sc.name, sc.workers, sc.pool, sc.concurrency, args.jobs, system=sc.system,
+              workload=sc.workload)
+    print(f"-- {sc.name}: {sc.workers} worker process(es), one job at a time each, "
+          f"workload {sc.workload}", flush=True)
+    server = drv.server
+    counters = getattr(server, "counters", None)
+    procs: list[Proc] = []
+    env = worker_env(os.environ["ZKTASKS_BENCH_HOSTS"], "/bench-unused")
+    env.update(DJANGO_SETTINGS_MODULE=drv.settings_module, **drv.worker_env())
+    drv.reset()
+    try:
+        # 1. Backlog, then the workers start and drain it.
+        meter = CpuMeter(server.pids, [])
+        cpu0 = meter.sample()
+        c0 = counters() if counters else None
+        p0 = time.perf_counter()
+        backlog = [drv.submit(sc.workload) for _ in range(args.jobs)]
+        row.submit_idle_per_s = args.jobs / (time.perf_counter() - p0)
+        row.submit_cpu_ms_per_job = CpuMeter.per_job_ms(cpu0, meter.sample(),
+                                                        args.jobs)["submitter"]
+        if counters:
+            row.submit_zk_requests_per_job = \
+                server.own_requests(c0, counters())["requests"] / args.jobs
+        for i in range(sc.workers):
+            name = f"{sc.name}-{i}"
+            procs.append(Proc(name, drv.worker_cmd(name), env, log_dir))
+        meter = CpuMeter(server.pids, procs)
+        cpu0 = meter.sample()
+        finished = sorted(_wait_all(drv, backlog, procs))
+        row.drain_cpu_ms_per_job = CpuMeter.per_job_ms(cpu0, meter.sample(), args.jobs)
+        skip = len(finished) // 10
+        span = finished[-1] - finished[skip]
+        row.drain_per_s = (len(finished) - 1 - skip) / span if span > 0 else float("nan")
+        print(f"   backlog: submit (no workers) {row.submit_idle_per_s:.0f}/s, drained at "
+              f"{row.drain_per_s:.0f} jobs/s", flush=True)
+
+        # 2. Streaming: submit while the warm workers run; wait for every result.
+        cpu0 = meter.sample()
+        c0 = counters() if counters else None
+        t0 = time.time()
+        p0 = time.perf_counter()
+        handles = [drv.submit(sc.workload) for _ in range(args.jobs)]
+        submit_s = time.perf_counter() - p0
+        last = max(_wait_all(drv, handles, procs))
+        row.cpu_ms_per_job = CpuMeter.per_job_ms(cpu0, meter.sample(), args.jobs)
+        if counters:
+            delta = server.own_requests(c0, counters())
+            row.zk_raw["stream"] = delta
+            row.server_requests_per_job = delta["requests"] / args.jobs
+            row.server_bytes_in_per_job = delta["bytes_in"] / args.jobs
+        row.submit_per_s = args.jobs / submit_s
+        row.e2e_per_s = args.jobs / (last - t0)
+        print(f"   streaming: submit {row.submit_per_s:.0f}/s, end-to-end "
+              f"{row.e2e_per_s:.0f} jobs/s", flush=True)
+
+        # 3. Latency on the idle system.
+        latencies = []
+        for _ in range(args.latency):
+            p0 = time.perf_counter()
+            drv.wait(drv.submit(sc.workload), WAIT_TIMEOUT)
+            latencies.append(time.perf_counter() - p0)
+        row.latency_samples = len(latencies)
+        row.latency_p50_ms = _pct(latencies, 0.50) * 1000
+        row.latency_p99_ms = _pct(latencies, 0.99) * 1000
+        print(f"   latency: p50 {row.latency_p50_ms:.1f} ms, p99 {row.latency_p99_ms:.1f} ms",
+              flush=True)
+        for proc in procs:
+            proc.check_alive()
+            row.rss.append(proc.rss())
+        row.rss_main_mb = max(r["main_mb"] for r in row.rss)
+        row.rss_tree_mb = max(r["main_mb"] + sum(r["children_mb"]) for r in row.rss)
+        row.server_mb = round(pss_mb(server.pids), 1)
+    finally:
+        for proc in procs:
+            proc.stop()
+            row.stop_seconds.append(proc.stop_seconds)
+    print(f"   workers stopped in {row.stop_seconds} s", flush=True)
+    return row
+
+
+def _wait_all(drv, handles: list, procs: list["Proc"]) -> list[float]:
+    """Every job's finish time; a worker that died is reported with its log."""
+    try:
+        return drv.wait_all(handles, WAIT_TIMEOUT if len(handles) == 1 else DRAIN_DEADLINE)
+    except Exception as exc:
+        for proc in procs:
+            proc.check_alive()
+        raise BenchError(f"waiting for {drv.system} results failed: {exc!r}; worker log "
+                         f"{procs[0].log_path}:\n{procs[0].log_tail()}") from exc
 
 
 class Profiler:
@@ -743,7 +889,59 @@ DETAIL_COLUMNS = (
 )
 
 
-def format_table(rows: list[Row], columns=None, left: int = 3) -> str:
+MATRIX_COLUMNS = (
+    ("scenario", lambda r: r.scenario, "{}"),
+    ("workers", lambda r: r.workers, "{}"),
+    ("jobs", lambda r: r.jobs, "{}"),
+    ("submit/s", lambda r: r.submit_per_s, "{:.0f}"),
+    ("e2e jobs/s", lambda r: r.e2e_per_s, "{:.0f}"),
+    ("drain jobs/s", lambda r: r.drain_per_s, "{:.0f}"),
+    ("p50 ms", lambda r: r.latency_p50_ms, "{:.1f}"),
+    ("p99 ms", lambda r: r.latency_p99_ms, "{:.1f}"),
+    ("srv req/job", lambda r: r.server_requests_per_job, "{:.2f}"),
+    ("srv B in/job", lambda r: r.server_bytes_in_per_job, "{:.0f}"),
+    ("RSS MB worker", lambda r: r.rss_tree_mb, "{:.0f}"),
+    ("RSS MB leader", lambda r: r.rss_leader_mb, "{:.0f}"),
+    ("server MB", lambda r: r.server_mb, "{:.0f}"),
+)
+
+# zktasks / peer, per (workload, workers): above 1 means zktasks has more of it.
+RATIO_FIGURES = (
+    ("submit/s", "submit_per_s"),
+    ("e2e jobs/s", "e2e_per_s"),
+    ("drain jobs/s", "drain_per_s"),
+    ("p50 ms", "latency_p50_ms"),
+    ("p99 ms", "latency_p99_ms"),
+    ("RSS MB worker", "rss_tree_mb"),
+)
+
+
+def ratio_rows(rows: list[Row]) -> list[dict]:
+    ours = {(r.workload, r.workers): r for r in rows
+            if r.system == "zktasks" and r.concurrency == 1}
+    out = []
+    for r in rows:
+        base = ours.get((r.workload, r.workers))
+        if base is None or r.system in ("zktasks", "raw-kazoo"):
+            continue
+        ratios = {}
+        for title, attr in RATIO_FIGURES:
+            mine, theirs = getattr(base, attr), getattr(r, attr)
+            ratios[title] = mine / theirs if mine and theirs else None
+        out.append({"workload": r.workload, "workers": r.workers, "peer": r.system,
+                    "zktasks": base.scenario, **ratios})
+    return out
+
+
+def format_ratios(ratios: list[dict]) -> str:
+    columns = [("workload", lambda d: d["workload"], "{}"),
+               ("workers", lambda d: d["workers"], "{}"),
+               ("zktasks / peer", lambda d: d["peer"], "{}")]
+    columns += [(title, (lambda d, t=title: d[t]), "{:.2f}") for title, _ in RATIO_FIGURES]
+    return format_table(ratios, columns, left=3)
+
+
+def format_table(rows: list, columns=None, left: int = 3) -> str:
     if columns is None:
         columns = [(title, (lambda r, a=attr: getattr(r, a)), fmt)
                    for title, attr, fmt in COLUMNS]
@@ -811,12 +1009,34 @@ def parse_args(argv=None):
     return args
 
 
+WORKLOADS = ("noop", "sleep10")
+MATRIX_SYSTEMS = ("zktasks", "celery", "celery-reliable", "rq", "huey", "dramatiq",
+                  "django-tasks-db")
+
 SCENARIOS = (
     Scenario("zktasks-1w", "zktasks", 1, "process", 2),
     Scenario("zktasks-2w", "zktasks", 2, "process", 2),
     Scenario("zktasks-1w-thread", "zktasks", 1, "thread", 2),
-    Scenario("peer-raw-kazoo", "peer", 1, "thread", 2),
+    Scenario("peer-raw-kazoo", "peer", 1, "thread", 2, system="raw-kazoo"),
+    # The peer matrix: every worker process runs one job at a time (see bench/README.md).
+    *(Scenario(f"{system}-{workload}-{n}w", "zktasks" if system == "zktasks" else "queue",
+               n, "process" if system == "zktasks" else "-", 1, workload, system)
+      for system in MATRIX_SYSTEMS for workload in WORKLOADS for n in (1, 2)),
 )
+
+
+def select(only: str | None) -> tuple[Scenario, ...]:
+    """Scenarios named in --only: names or shell patterns (celery*, *-sleep10-*)."""
+    if not only:
+        return SCENARIOS
+    chosen = []
+    for pattern in (p.strip() for p in only.split(",") if p.strip()):
+        found = [s for s in SCENARIOS if fnmatch.fnmatchcase(s.name, pattern)]
+        if not found:
+            raise BenchError(f"--only: no scenario matches {pattern!r}; have "
+                             f"{', '.join(s.name for s in SCENARIOS)}")
+        chosen += [s for s in found if s not in chosen]
+    return tuple(s for s in SCENARIOS if s in chosen)
 
 
 def _raise_exit(signum, frame):
@@ -825,17 +1045,22 @@ def _raise_exit(signum, frame):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    scenarios = SCENARIOS
-    if args.only:
-        wanted = {n.strip() for n in args.only.split(",")}
-        unknown = wanted - {s.name for s in SCENARIOS}
-        if unknown:
-            print(f"unknown scenarios {sorted(unknown)}; have "
-                  f"{[s.name for s in SCENARIOS]}", file=sys.stderr)
-            return 2
-        scenarios = tuple(s for s in SCENARIOS if s.name in wanted)
+    try:
+        scenarios = select(args.only)
+    except BenchError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    from bench import peers
+
+    systems = list(dict.fromkeys(s.system for s in scenarios if s.kind == "queue"))
+    if missing := peers.missing(systems):
+        print(f"bench: the peers need Python packages that are not installed ({', '.join(missing)}"
+              f"):\n  {peers.INSTALL_HINT}\nor leave them out with --only 'zktasks*'",
+              file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _raise_exit)
 
+    from bench.peers.servers import PostgresServer, RedisServer, ServerMissing
     from zktasks.testing import ZooKeeperServer, ZooKeeperUnavailable, free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="zktasks-bench-"))
@@ -843,12 +1068,26 @@ def main(argv=None) -> int:
     log_dir.mkdir()
     zk = None
     monitor = None
+    servers: dict[str, object] = {}
+    drivers: dict[str, object] = {}
     ok = False
     try:
         zk = ZooKeeperServer(data_dir=tmp / "zookeeper", client_port=free_port())
         zk.start(timeout=60)
         os.environ["ZKTASKS_BENCH_HOSTS"] = zk.hosts
         os.environ["ZKTASKS_BENCH_ROOT"] = "/bench-unused"
+        # The peers' servers start before Django: the database peer's settings need
+        # PostgreSQL's port, and the Redis peers read their URL when imported.
+        for kind in dict.fromkeys(peers.SYSTEMS[system][1] for system in systems):
+            server = RedisServer(tmp) if kind == "redis" else PostgresServer(tmp)
+            servers[kind] = server
+            server.start()
+            print(f"{kind} ({server.version}) on 127.0.0.1:{server.port}", flush=True)
+        if "redis" in servers:
+            os.environ["BENCH_REDIS_URL"] = servers["redis"].url
+        if "postgres" in servers:
+            os.environ["BENCH_PG_PORT"] = str(servers["postgres"].port)
+            os.environ["DJANGO_SETTINGS_MODULE"] = "bench.peers.dbtasks_settings"
         import django
 
         django.setup()
@@ -862,7 +1101,15 @@ def main(argv=None) -> int:
         print(f"ZooKeeper warmed up in {warm:.1f}s", flush=True)
         rows = []
         for sc in scenarios:
-            rows.append(run_scenario(sc, zk, monitor, args, log_dir))
+            if sc.kind != "queue":
+                rows.append(run_scenario(sc, zk, monitor, args, log_dir))
+                continue
+            if sc.system not in drivers:
+                server = servers[peers.SYSTEMS[sc.system][1]]
+                drivers[sc.system] = peers.driver(sc.system, server)
+                info.setdefault("peers", {})[sc.system] = \
+                    f"{drivers[sc.system].versions()}; {server.name} {server.version}"
+            rows.append(run_queue_scenario(sc, drivers[sc.system], args, log_dir))
         info["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
         mntr = zk.four_letter_word("mntr")
         for key in ("avg_fsynctime", "max_fsynctime", "cnt_fsynctime"):
@@ -871,8 +1118,14 @@ def main(argv=None) -> int:
         print()
         print(format_machine(info))
         print(f"command:   .venv/bin/python bench/run.py {' '.join(sys.argv[1:])}".rstrip())
+        if info.get("peers"):
+            print("peers:     " + "\n           ".join(
+                f"{name}: {versions}" for name, versions in info["peers"].items()))
+        zk_rows = [r for r in rows if r.system in ("zktasks", "raw-kazoo")]
+        matrix = [r for r in rows if r.concurrency == 1 and r.system != "raw-kazoo"]
         print()
-        print(format_table(rows))
+        if zk_rows:
+            print(format_table(zk_rows))
         if any(r.scenario.startswith("peer") for r in rows):
             print("\npeer-raw-kazoo = raw kazoo, batched multis, no task execution "
                   "(bench/peer.py): the ZooKeeper floor for the same transitions.")
@@ -880,7 +1133,23 @@ def main(argv=None) -> int:
               "running; requests and\nwrite txns per job while draining that backlog; CPU ms "
               "per job by process (streaming\nphase, then backlog drain); median latency split "
               "into enqueued->started, started->finished,\nfinished->waiter woke.")
-        print(format_table(rows, DETAIL_COLUMNS, left=1))
+        if zk_rows:
+            print(format_table(zk_rows, DETAIL_COLUMNS, left=1))
+        ratios = ratio_rows(rows)
+        if matrix:
+            print("\npeer matrix: N worker processes, each running one job at a time; "
+                  "srv req/job and srv B in/job\n= requests and bytes received by the "
+                  "server (ZooKeeper or Redis) per job in the streaming\nphase, until "
+                  "every result was read once; RSS MB worker = peak RSS of one worker "
+                  "process\nwith its children (task processes, prefork children, work "
+                  "horses); server MB = PSS of\nZooKeeper, Redis or PostgreSQL after the "
+                  "scenario.")
+            print(format_table(matrix, MATRIX_COLUMNS, left=1))
+        if ratios:
+            print("\nzktasks / peer, same workload and worker count, same run (throughput: "
+                  "above 1 = zktasks\nfaster; p50, p99, RSS: above 1 = zktasks slower or "
+                  "bigger):")
+            print(format_ratios(ratios))
         if args.profile:
             from bench.profile_summary import report
 
@@ -888,13 +1157,16 @@ def main(argv=None) -> int:
                 report(path, top=12)
         if args.json:
             payload = {"machine": info, "jobs": args.jobs, "latency_samples": args.latency,
-                       "rows": [asdict(r) for r in rows]}
+                       "rows": [asdict(r) for r in rows], "ratios": ratios}
             Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
             print(f"\nwrote {args.json}")
         ok = True
         return 0
     except ZooKeeperUnavailable as exc:
         print(f"bench: no ZooKeeper: {exc}", file=sys.stderr)
+        return 2
+    except ServerMissing as exc:
+        print(f"bench: {exc}", file=sys.stderr)
         return 2
     except BenchError as exc:
         print(f"bench failed: {exc}", file=sys.stderr)
@@ -904,6 +1176,14 @@ def main(argv=None) -> int:
         return 130
     finally:
         stop_all()
+        for drv in drivers.values():
+            with contextlib.suppress(Exception):
+                drv.close()
+        for server in servers.values():
+            try:
+                server.stop()
+            except Exception as exc:
+                print(f"  ! stopping {server.name} failed: {exc!r}", file=sys.stderr)
         if monitor is not None:
             monitor.close()
         with contextlib.suppress(Exception):

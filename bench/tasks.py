@@ -1,5 +1,7 @@
 """Module-level no-op tasks: they travel by reference, so a job costs only the pipeline."""
 
+import time
+
 from zktasks import zk_task
 
 
@@ -11,3 +13,9 @@ def noop():
 @zk_task
 def echo(value):
     return value
+
+
+@zk_task
+def sleep10():
+    """The second workload of the peer comparison: 10 ms of sleep (bench/peers/work.py)."""
+    time.sleep(0.010)
