@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -478,6 +478,7 @@ class Scenario:
     concurrency: int
     workload: str = "noop"
     system: str = "zktasks"
+    matrix: bool = False   # a row of the peer matrix
 
 
 @dataclass
@@ -518,6 +519,7 @@ class Row:
     server_bytes_in_per_job: float | None = None
     rss_leader_mb: float | None = None   # zktasks: the worker tree that leads
     server_mb: float | None = None       # PSS of ZooKeeper / Redis / PostgreSQL afterwards
+    matrix: bool = False
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -564,7 +566,7 @@ def start_workers(sc: Scenario, zk, root: str, log_dir: Path) -> list["Proc"]:
 def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row:
     root = f"/bench-{sc.name}-{secrets.token_hex(4)}"
     row = Row(sc.name, sc.workers, sc.pool, sc.concurrency, args.jobs, system=sc.system,
-              workload=sc.workload)
+              workload=sc.workload, matrix=sc.matrix)
     print(f"-- {sc.name}: {sc.workers} worker(s), pool={sc.pool}, concurrency="
           f"{sc.concurrency}, root={root}", flush=True)
     procs: list[Proc] = []
@@ -723,9 +725,11 @@ def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
     """The same three phases through a peer system (bench/peers): its own API to submit
     and to wait, its own worker command, its server's counters."""
     row = Row(sc.name, sc.workers, sc.pool, sc.concurrency, args.jobs, system=sc.system,
-              workload=sc.workload)
-    print(f"-- {sc.name}: {sc.workers} worker process(es), one job at a time each, "
-          f"workload {sc.workload}", flush=True)
+              workload=sc.workload, matrix=sc.matrix)
+    each = ("at default concurrency" if os.environ.get("BENCH_PEER_DEFAULTS")
+            else "one job at a time each")
+    print(f"-- {sc.name}: {sc.workers} worker process(es), {each}, workload {sc.workload}",
+          flush=True)
     server = drv.server
     counters = getattr(server, "counters", None)
     procs: list[Proc] = []
@@ -918,7 +922,7 @@ RATIO_FIGURES = (
 
 def ratio_rows(rows: list[Row]) -> list[dict]:
     ours = {(r.workload, r.workers): r for r in rows
-            if r.system == "zktasks" and r.concurrency == 1}
+            if r.system == "zktasks" and r.matrix}
     out = []
     for r in rows:
         base = ours.get((r.workload, r.workers))
@@ -991,6 +995,10 @@ def parse_args(argv=None):
     parser.add_argument("--latency", type=int, default=None, metavar="N",
                         help="sequential submit+wait samples (default 200; 50 with --quick)")
     parser.add_argument("--quick", action="store_true", help="fewer jobs, for a smoke run")
+    parser.add_argument("--defaults", action="store_true",
+                        help="peer matrix at each system's default concurrency (Celery: a "
+                             "child per CPU; Dramatiq: a process per CPU x 8 threads; "
+                             "zktasks: a runner per CPU) instead of one job at a time")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--only", metavar="NAMES",
                         help="comma-separated scenario names to run (default: all)")
@@ -1020,7 +1028,7 @@ SCENARIOS = (
     Scenario("peer-raw-kazoo", "peer", 1, "thread", 2, system="raw-kazoo"),
     # The peer matrix: every worker process runs one job at a time (see bench/README.md).
     *(Scenario(f"{system}-{workload}-{n}w", "zktasks" if system == "zktasks" else "queue",
-               n, "process" if system == "zktasks" else "-", 1, workload, system)
+               n, "process" if system == "zktasks" else "-", 1, workload, system, True)
       for system in MATRIX_SYSTEMS for workload in WORKLOADS for n in (1, 2)),
 )
 
@@ -1052,6 +1060,11 @@ def main(argv=None) -> int:
         return 2
     from bench import peers
 
+    if args.defaults:
+        # Each system at its own default concurrency (the peers read this variable).
+        os.environ["BENCH_PEER_DEFAULTS"] = "1"
+        scenarios = tuple(replace(s, concurrency=os.cpu_count() or 1)
+                          if s.matrix and s.system == "zktasks" else s for s in scenarios)
     systems = list(dict.fromkeys(s.system for s in scenarios if s.kind == "queue"))
     if missing := peers.missing(systems):
         print(f"bench: the peers need Python packages that are not installed ({', '.join(missing)}"
@@ -1122,7 +1135,7 @@ def main(argv=None) -> int:
             print("peers:     " + "\n           ".join(
                 f"{name}: {versions}" for name, versions in info["peers"].items()))
         zk_rows = [r for r in rows if r.system in ("zktasks", "raw-kazoo")]
-        matrix = [r for r in rows if r.concurrency == 1 and r.system != "raw-kazoo"]
+        matrix = [r for r in rows if r.matrix]
         print()
         if zk_rows:
             print(format_table(zk_rows))
@@ -1137,7 +1150,9 @@ def main(argv=None) -> int:
             print(format_table(zk_rows, DETAIL_COLUMNS, left=1))
         ratios = ratio_rows(rows)
         if matrix:
-            print("\npeer matrix: N worker processes, each running one job at a time; "
+            each = ("each at its system's default concurrency (--defaults)"
+                    if args.defaults else "each running one job at a time")
+            print(f"\npeer matrix: N worker processes, {each};\n"
                   "srv req/job and srv B in/job\n= requests and bytes received by the "
                   "server (ZooKeeper or Redis) per job in the streaming\nphase, until "
                   "every result was read once; RSS MB worker = peak RSS of one worker "

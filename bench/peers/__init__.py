@@ -6,7 +6,10 @@ command of one worker process. bench/run.py starts the servers (servers.py), the
 processes and the phases; these modules never start anything themselves.
 
 Every worker process runs one job at a time (concurrency 1), whatever the system, so
-that "N worker processes" means the same thing in every row: see bench/README.md.
+that "N worker processes" means the same thing in every row: see bench/README.md. With
+`bench/run.py --defaults`, each system runs with its own default concurrency instead
+(Celery: one prefork child per CPU; Dramatiq: a process per CPU, 8 threads each; zktasks:
+one runner per CPU; RQ, Huey and django-tasks-db: one job at a time, their defaults).
 The peers are benchmark-only dependencies: `pip install -e '.[bench]'`.
 """
 
@@ -23,6 +26,13 @@ SYSTEMS = {
     "dramatiq": ("bench.peers.dramatiq_peer", "redis"),
     "django-tasks-db": ("bench.peers.dbtasks_peer", "postgres"),
 }
+
+def defaults() -> bool:
+    """bench/run.py --defaults: each system with its own default concurrency."""
+    import os
+
+    return os.environ.get("BENCH_PEER_DEFAULTS") == "1"
+
 
 # What to `pip install` when a module is missing (the `bench` extra has them all).
 INSTALL_HINT = ".venv/bin/pip install -e '.[bench]'  (or: make bench)"

@@ -12,7 +12,7 @@ import sys
 from celery import Celery
 
 from bench.peers import Driver as BaseDriver
-from bench.peers import work
+from bench.peers import defaults, work
 
 URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -38,9 +38,11 @@ TASKS = {"noop": noop, "sleep10": sleep10}
 
 class Driver(BaseDriver):
     def worker_cmd(self, name: str) -> list[str]:
-        # -c 1: one prefork child per worker process (Celery's default is one per CPU).
+        # -c 1: one prefork child per worker process; with --defaults, Celery's own
+        # default (one per CPU).
+        concurrency = [] if defaults() else ["--concurrency", "1"]
         return [sys.executable, "-m", "celery", "-A", "bench.peers.celery_peer", "worker",
-                "--pool", "prefork", "--concurrency", "1", "--hostname", f"{name}@%h",
+                "--pool", "prefork", *concurrency, "--hostname", f"{name}@%h",
                 "--loglevel", "INFO"]
 
     def worker_env(self) -> dict[str, str]:

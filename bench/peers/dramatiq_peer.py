@@ -13,7 +13,7 @@ from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
 
 from bench.peers import Driver as BaseDriver
-from bench.peers import work
+from bench.peers import defaults, work
 
 URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -37,8 +37,9 @@ TASKS = {"noop": noop, "sleep10": sleep10}
 
 class Driver(BaseDriver):
     def worker_cmd(self, name: str) -> list[str]:
-        return [sys.executable, "-m", "dramatiq", "bench.peers.dramatiq_peer",
-                "--processes", "1", "--threads", "1"]
+        # With --defaults, Dramatiq's own: one process per CPU, 8 threads each.
+        sizes = [] if defaults() else ["--processes", "1", "--threads", "1"]
+        return [sys.executable, "-m", "dramatiq", "bench.peers.dramatiq_peer", *sizes]
 
     def submit(self, workload: str):
         return TASKS[workload].send()
