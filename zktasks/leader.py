@@ -89,6 +89,7 @@ class Leader:
         self.pending: dict[str, list[str]] = {}
         self.max_listed = 0  # the longest children list read (tests, the scale bench)
         self._sweep_at: float | None = None  # when a kept empty shard becomes deletable
+        self._stale: set[str] = set()  # queues whose pending view plan() left wrong
         self.delayed: list[str] = []  # sorted names: the first is due first
         self.assignments_total = 0
         self._last_expiry = 0.0
@@ -333,8 +334,9 @@ class Leader:
             loaded = self.loaded.get(queue, {})
             kept: dict[str, list[str]] = {}
             count = 0
-            changed = False
-            for shard in list(shards):
+            changed = queue in self._stale
+            gone = set()
+            for shard in shards:
                 if count >= need:
                     break
                 key = f"s:{queue}/{shard}"
@@ -350,15 +352,18 @@ class Leader:
                         self._listed_at[key] = now
                         changed = True
                 if not nodes and self._sweep(queue, shard):
-                    shards.remove(shard)
+                    gone.add(shard)
                     continue
                 kept[shard] = nodes
                 count += len(nodes)
+            if gone:
+                shards[:] = [s for s in shards if s not in gone]
             if changed or kept.keys() != loaded.keys():
                 for shard in loaded.keys() - kept.keys():
                     self._listed_at.pop(f"s:{queue}/{shard}", None)
                 self.loaded[queue] = kept
                 self.pending[queue] = [n for nodes in kept.values() for n in nodes]
+        self._stale.clear()
 
     def _sweep(self, queue: str, shard: str) -> bool:
         """Delete an empty shard if old enough; True if it is gone."""
@@ -611,6 +616,10 @@ class Leader:
             if failed:
                 self._raise_if_fence(failed)
                 self._explain_refusal(batch, failed)
+                for queue, node, worker_id in plan[start + BATCH:]:  # planned, never sent
+                    self.workers.get(worker_id, WorkerView(worker_id)).assigned.discard(
+                        node.split("-", 1)[1])
+                    self._stale.add(queue)  # rebuild its view from the loaded shards
                 return
             for queue, node, worker_id in batch:
                 logger.info("assigned job=%s queue=%s worker=%s", node.split("-", 1)[1],
