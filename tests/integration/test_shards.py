@@ -192,3 +192,28 @@ def test_the_leader_reads_only_the_shards_it_needs(backend, zk_client):
     assert leader.max_listed == 100  # one shard's worth (the shard list has 20 names)
     assert sum(len(v) for v in leader.loaded["default"].values()) == 100
     assert len(leader.shards["default"]) == 20
+
+
+def test_the_dashboards_pending_pages_walk_the_shards(backend):
+    """The pending page lists only the shards holding the page; its total comes from the
+    shards' stats; the cursor carries on across shards in assignment order."""
+    from zktasks.dashboard import Reader
+
+    records = []
+    for n in range(25):
+        task = tasks.add.using(priority=(5 if n % 5 == 0 else 0))
+        record, _ = backend.prepare(task, (n, n), {},
+                                    job_id=job_id_at(NOW_MS - 50_000 + (n // 5) * 1000, n))
+        records.append(record)
+    backend.store.submit_many(records)
+    expected = sorted(job_node_name(r.priority, r.id) for r in records)
+    reader = Reader(backend, client=backend.store.client)
+    seen, after = [], None
+    while True:
+        page = reader.pending("default", after=after, limit=7)
+        assert page.total == 25
+        seen.extend(row.note for row in page.rows)
+        if page.exhausted:
+            break
+        after = page.next_cursor
+    assert seen == expected
