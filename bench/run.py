@@ -186,17 +186,33 @@ class Monitor:
                                  f"{path} within {deadline:.0f}s")
             time.sleep(interval)
 
+    def waiting(self, queue_path: str) -> int:
+        """Jobs waiting in a queue: its job nodes, or the jobs in its shards (zktasks
+        shards jobs/{queue}; an emptied shard lingers a few seconds before the leader
+        deletes it, and must not count as work left)."""
+        from zktasks.tree import parse_shard
+
+        count = 0
+        for name in self.children(queue_path):
+            if not parse_shard(name):
+                count += 1
+                continue
+            self.requests += 1
+            stat = self.client.exists(f"{queue_path}/{name}")
+            count += stat.numChildren if stat is not None else 0
+        return count
+
     def wait_drained(self, queue_path: str, assignments_path: str, procs: list,
                      deadline: float) -> float:
         """Poll until no job is pending or assigned; return when that was seen."""
         limit = time.monotonic() + deadline
         while True:
-            if not self.children(queue_path):
+            if not self.waiting(queue_path):
                 owners = self.children(assignments_path)
                 if not any(self.children(f"{assignments_path}/{o}") for o in owners):
                     return time.time()
             if time.monotonic() > limit:
-                left = len(self.children(queue_path))
+                left = self.waiting(queue_path)
                 raise BenchError(f"jobs still pending ({left} unassigned) {deadline:.0f}s "
                                  "after the last submit")
             for proc in procs:

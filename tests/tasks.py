@@ -141,3 +141,10 @@ def record_pid_and_wait(marker_dir, release):
 def short_sleep(seconds):
     time.sleep(seconds)
     return seconds
+
+
+@zk_task
+def mark(marker_dir, number):
+    """Leave a file per run (so a test counts executions, repeats included)."""
+    Path(marker_dir, f"{number}-{os.getpid()}-{time.monotonic_ns()}").touch()
+    return number

@@ -152,6 +152,40 @@ class ZooKeeperBackend(BaseTaskBackend):
         record, result = self.prepare(task, args, kwargs)
         return self.write(record, result)
 
+    def enqueue_many(self, task, calls) -> list:
+        """Submit one job per (args, kwargs) of `calls`, in batched multis.
+
+        Every call is validated and serialized first: one bad call (an argument that
+        cannot be pickled, a job over MAX_RECORD_BYTES) raises and nothing is written.
+        Then the jobs are written in multis of up to a few hundred jobs (under
+        ZooKeeper's request limit); each multi is whole jobs, so after a failure part
+        way some batches are submitted and the rest are not, never half a job.
+        A task with a unique key is refused: a key held by one job would refuse the
+        whole multi around it; submit those one at a time.
+        """
+        if getattr(task, "unique_key", None):
+            raise InvalidTaskError(
+                f"Task {task.module_path!r} has a unique key; submit_many() does not take "
+                "unique keys (one held key would refuse its whole batch): use submit()."
+            )
+        prepared = []
+        for number, call in enumerate(calls):
+            if not (isinstance(call, tuple | list) and len(call) == 2
+                    and isinstance(call[0], tuple | list) and isinstance(call[1], dict)):
+                raise InvalidTaskError(
+                    f"submit_many() item {number} is {call!r}; give (args, kwargs) pairs, "
+                    "e.g. [((1, 2), {}), ((3,), {'b': 4})]."
+                )
+            try:
+                prepared.append(self.prepare(task, call[0], call[1]))
+            except Exception as exc:  # the same errors as submit(), saying which call
+                exc.add_note(f"submit_many() item {number}; nothing was written.")
+                raise
+        self.store.submit_many(record for record, _ in prepared)
+        for _, result in prepared:
+            task_enqueued.send(type(self), task_result=result)
+        return [result for _, result in prepared]
+
     def prepare(self, task, args, kwargs, *, job_id: str | None = None):
         """Validate and serialize a submission; raise on bad input; write nothing."""
         try:
@@ -366,7 +400,11 @@ class ZooKeeperBackend(BaseTaskBackend):
                 exception_class_path="zktasks.exceptions.JobCancelled",
                 message=str(exc), traceback=str(exc) + "\n"),),
         )
-        candidates = [store.layout.job(record.queue, job_node_name(record.priority, job_id))]
+        node = job_node_name(record.priority, job_id)
+        # Its shard; or, in a tree from before sharding the leader has not migrated yet,
+        # the queue itself.
+        candidates = [store.layout.job(record.queue, node),
+                      store.layout.unsharded_job(record.queue, node)]
         if record.run_after is not None:
             due_ms = int(record.run_after.timestamp() * 1000)
             candidates.append(store.layout.delayed_job(
@@ -469,7 +507,8 @@ class ZooKeeperBackend(BaseTaskBackend):
             if also:
                 also(txn)
 
-        results = store.commit(build, landed=lambda: store._written(status_path, data))
+        results = store.commit(build, landed=lambda: store._written(status_path, data),
+                               waiting=[waiting])
         return not failures(results)
 
     # -- dead letters --------------------------------------------------------------------

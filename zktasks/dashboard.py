@@ -47,6 +47,8 @@ from .tree import (
     parse_delayed_node,
     parse_finished_entry,
     parse_job_node,
+    parse_shard,
+    shard_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -330,12 +332,32 @@ class Reader:
 
     def pending(self, queue: str, *, after: str | None = None,
                 limit: int = PAGE_SIZE) -> Page:
-        """Jobs waiting in jobs/{queue}, in the order they will be assigned."""
-        names = sorted(n for n in self.children(self.layout.queue(queue)) if parse_job_node(n))
-        start = 0
-        if after:
-            start = next((i for i, n in enumerate(names) if n > after), len(names))
-        chosen = names[start:start + limit]
+        """Jobs waiting in jobs/{queue}, in the order they will be assigned.
+
+        The queue is sharded (tree.LAYOUT): the total comes from the shards' stats and
+        only the shards holding this page are listed, never the whole backlog. Jobs from
+        before sharding, not yet moved by the leader, are shown in their place.
+        """
+        listed = self.children(self.layout.queue(queue))
+        shards = sorted(n for n in listed if parse_shard(n))
+        names = sorted(n for n in listed if parse_job_node(n) and (not after or n > after))
+        stats = self.exists_many(self.layout.shard(queue, s) for s in shards)
+        total = sum(1 for n in listed if parse_job_node(n)) + sum(
+            stat.numChildren for stat in stats.values() if stat is not None)
+        first = shard_of(after) if after and parse_job_node(after) else ""
+        from_shards = 0
+        for shard in shards:
+            if shard < first:
+                continue
+            found = [n for n in self.children(self.layout.shard(queue, shard))
+                     if parse_job_node(n) and (not after or n > after)]
+            names.extend(found)
+            from_shards += len(found)
+            if from_shards > limit:
+                break
+        names.sort()
+        chosen = names[:limit]
+        more = len(names) > limit
         found = self.statuses(parse_job_node(n)[1] for n in chosen)
         rows = []
         for name in chosen:
@@ -346,9 +368,8 @@ class Reader:
             else:
                 rows.append(JobRow(id=job_id, queue=queue, priority=priority, note=name,
                                    state="?", error=_missing(record)))
-        more = start + limit < len(names)
         return Page(rows=rows, next_cursor=chosen[-1] if more and chosen else None,
-                    total=len(names), exhausted=not more)
+                    total=total, exhausted=not more)
 
     def delayed(self, queue: str | None = None, *, after: str | None = None,
                 limit: int = PAGE_SIZE) -> Page:
@@ -741,7 +762,8 @@ class LiveState:
     "leader", "finished", "b:{bucket}", "j:{job_id}", "deadletter".
     """
 
-    MIN_INTERVAL = 1.0      # seconds between two reads of one path
+    MIN_INTERVAL = 1.0      # seconds between two reads of one path; also how often the
+    #                         pending counts of sharded queues are re-read (below)
     BIG_INTERVAL = 5.0      # the same for a children list of more than BIG names
     BIG = 5_000
     IDLE_AFTER = 60.0       # no poll for this long: stop reading (marks accumulate)
@@ -766,6 +788,7 @@ class LiveState:
         self.assigned: dict[str, set[str]] = {}
         self.assigned_queue: dict[str, str] = {}
         self.pending: dict[str, int] = {}
+        self._sharded: set[str] = set()  # queues with shards: their counts are polled
         self.delayed: dict[str, int] = {}
         self.leader: dict | None = None
         self.buckets: dict[str, _Bucket] = {}
@@ -819,6 +842,8 @@ class LiveState:
                 self._watch_job(job_id)
             if job_id:
                 self.job_polled[job_id] = now
+            if was_idle:
+                self._dirty |= {f"q:{q}" for q in self._sharded}
             if self.as_of is None or new_job or (was_idle and self._dirty):
                 self._wake.set()
                 generation = self.generation
@@ -943,6 +968,12 @@ class LiveState:
                 continue
             now = time.monotonic()
             with self._lock:
+                # A job added to (or assigned from) an existing shard fires no watch we
+                # hold: a watch on a shard's children would mean listing it. Its count
+                # (stat.numChildren) is re-read instead, once a MIN_INTERVAL.
+                self._dirty |= {f"q:{q}" for q in self._sharded
+                                if now - self._last_read.get(f"q:{q}", 0.0)
+                                >= self.MIN_INTERVAL}
                 if "*" in self._dirty:
                     dirty, self._dirty = self._dirty, set()
                 else:
@@ -1061,6 +1092,9 @@ class LiveState:
         read_queues = [q for q in queue_names
                        if full or f"q:{q}" in dirty or q not in self.pending]
         listed_queues = self._children([(layout.queue(q), f"q:{q}") for q in read_queues])
+        shard_stats = _gather(self.client, [
+            layout.shard(q, n) for q in read_queues
+            for n in listed_queues.get(layout.queue(q)) or () if parse_shard(n)], "exists")
         delayed = None
         if full or "delayed" in dirty:
             delayed = {}
@@ -1139,12 +1173,21 @@ class LiveState:
             old_queues = (dict(self.pending), dict(self.delayed))
             for q in set(self.pending) - queue_names:
                 self.pending.pop(q, None)
+                self._sharded.discard(q)
             for q in read_queues:
                 names = listed_queues.get(layout.queue(q))
                 if names is None:
                     self.pending.pop(q, None)
+                    self._sharded.discard(q)
                 else:
-                    self.pending[q] = sum(1 for n in names if parse_job_node(n))
+                    stats = [shard_stats.get(layout.shard(q, n)) for n in names
+                             if parse_shard(n)]
+                    self.pending[q] = sum(1 for n in names if parse_job_node(n)) + sum(
+                        stat.numChildren for stat in stats if stat is not None)
+                    if stats:
+                        self._sharded.add(q)
+                    else:
+                        self._sharded.discard(q)
                     self._bump(f"q:{q}", old_queues[0].get(q) != self.pending[q])
             if delayed is not None:
                 self.delayed = delayed

@@ -32,7 +32,7 @@ from kazoo.protocol.states import EventType, KazooState
 from . import deadletter, records
 from .exceptions import CorruptRecord, ZooKeeperUnavailableError
 from .store import TRANSIENT, Store, failures
-from .tree import job_node_name, parse_delayed_node, parse_job_node
+from .tree import job_node_name, parse_delayed_node, parse_job_node, parse_shard, shard_of
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ BATCH = 100              # jobs per assignment multi (ops = 2 per job + the fenc
 RECONCILE_EVERY = 30.0   # seconds between full re-reads even when no watch fired
 RELIST_EVERY = 0.1       # seconds: the most often a queue with local work is re-listed
 EXPIRE_EVERY = 10.0      # seconds: the longest between sweeps of expired results
+SHARD_GRACE = 2.0        # seconds: an empty shard is deleted once its second is this old
 
 
 class LeadershipLost(Exception):
@@ -96,7 +97,15 @@ class Leader:
         self._dirty: set[str] = {"*"}
         self._dirty_lock = threading.Lock()
         self.workers: dict[str, WorkerView] = {}
+        # Pending jobs, sharded (see tree.LAYOUT): the sorted shard names of each queue,
+        # the children of the first shards only (enough to fill free capacity), and
+        # their concatenation, which is what plan() hands out from.
+        self.shards: dict[str, list[str]] = {}
+        self.loaded: dict[str, dict[str, list[str]]] = {}
         self.pending: dict[str, list[str]] = {}
+        self.max_listed = 0  # the longest children list read (tests, the scale bench)
+        self._sweep_at: float | None = None  # when a kept empty shard becomes deletable
+        self._stale: set[str] = set()  # queues whose pending view plan() left wrong
         self.delayed: list[str] = []  # sorted names: the first is due first
         self.assignments_total = 0
         self._last_expiry = 0.0
@@ -248,6 +257,7 @@ class Leader:
             # sweep: no polling.
             self.wake.wait(min(EXPIRE_EVERY, self._until_next_due(),
                                self._until_next_tick(), self._until_next_expiry(),
+                               self._until_sweep(),
                                RELIST_EVERY if self._deferred else RECONCILE_EVERY))
 
     def _tick(self) -> None:
@@ -260,6 +270,7 @@ class Leader:
             self._refresh(dirty)
             if "*" in dirty or "workers" in dirty:
                 self._reassign_orphans()
+        self._load_shards(dirty)
         self._promote_due()
         self._run_schedules()
         self._assign()
@@ -286,32 +297,31 @@ class Leader:
         if full or "queues" in dirty:
             queues = self.store.children(self.layout.jobs, watch=self._watch("queues"))
             for queue in queues:
-                if queue not in self.pending:
+                if queue not in self.shards:
                     dirty.add(f"q:{queue}")
-            for queue in set(self.pending) - set(queues):
-                del self.pending[queue]
+            for queue in set(self.shards) - set(queues):
+                self._forget_queue(queue)
         now = time.monotonic()
-        for queue in set(self.pending) | {k[2:] for k in dirty if k.startswith("q:")}:
+        for queue in set(self.shards) | {k[2:] for k in dirty if k.startswith("q:")}:
             if not (full or f"q:{queue}" in dirty):
                 continue
-            if (not full and self.pending.get(queue)
-                    and now - self._listed_at.get(queue, 0.0) < RELIST_EVERY):
-                # Our own assignment deletes fire this watch too. While the local view
-                # still holds jobs to hand out, re-listing a long queue after every batch
-                # costs O(backlog) per batch; defer it (new arrivals wait RELIST_EVERY
-                # at most). The event is kept, and a timer brings us back.
-                self._deferred.add(f"q:{queue}")
+            if self._defer(f"q:{queue}", queue, full, now):
                 continue
             watch = self._watch(f"q:{queue}")
             names = self.store.children(self.layout.queue(queue), watch=watch)
-            known = set(self.pending.get(queue, ()))
-            fresh = [n for n in names if n in known or parse_job_node(n)]
-            self.pending[queue] = sorted(fresh)
-            self._listed_at[queue] = now
-            for name in set(names) - set(fresh):
-                self._move_aside(self.layout.job(queue, name), kind="foreign_name",
-                                 reason=f"{name!r} in queue {queue!r} is not a pending job's "
-                                        "name ('{100-priority:03d}-{job_id}').")
+            self._seen(names)
+            self._listed_at[f"q:{queue}"] = now
+            unsharded = sorted(n for n in names if parse_job_node(n))
+            if unsharded:
+                self._migrate(queue, unsharded)
+            self.shards[queue] = sorted(n for n in names if parse_shard(n))
+            for name in names:
+                if not parse_job_node(name) and not parse_shard(name):
+                    self._move_aside(
+                        self.layout.unsharded_job(queue, name), kind="foreign_name",
+                        reason=f"{name!r} in queue {queue!r} is not a pending job's name "
+                               "('{100-priority:03d}-{job_id}') nor a shard's "
+                               "('{100-priority:03d}-{second:010d}').")
 
         if full or "delayed" in dirty:
             names = self.store.children(self.layout.delayed, watch=self._watch("delayed"))
@@ -320,6 +330,121 @@ class Leader:
                 self._move_aside(self.layout.delayed_job(name), kind="foreign_name",
                                  reason=f"{name!r} in delayed/ is not a delayed job's name "
                                         "('{due_ms}-{100-priority}-{job_id}-{queue}').")
+
+    def _defer(self, key: str, queue: str, full: bool, now: float) -> bool:
+        """Put off re-listing `key` while the local view still has jobs to hand out.
+
+        Our own assignment deletes fire these watches too: re-listing after every batch
+        costs a list per batch; new arrivals wait RELIST_EVERY at most. The event is
+        kept, and a timer brings us back.
+        """
+        if (not full and self.pending.get(queue)
+                and now - self._listed_at.get(key, 0.0) < RELIST_EVERY):
+            self._deferred.add(key)
+            return True
+        return False
+
+    def _seen(self, names: list[str]) -> None:
+        self.max_listed = max(self.max_listed, len(names))
+
+    def _forget_queue(self, queue: str) -> None:
+        self.shards.pop(queue, None)
+        self.loaded.pop(queue, None)
+        self.pending.pop(queue, None)
+
+    def _free_for(self, queue: str) -> int:
+        return sum(w.free for w in self.workers.values() if w.free > 0 and w.serves(queue))
+
+    def _load_shards(self, dirty: set[str]) -> None:
+        """Keep the children of each queue's first shards, enough to fill free capacity.
+
+        Never the whole backlog: shards past that are only names (one list per queue).
+        Empty shards met on the way are deleted once their second is SHARD_GRACE old
+        (best effort: NotEmpty means a job just arrived, NoNode someone else did it).
+        """
+        full = "*" in dirty
+        now = time.monotonic()
+        self._sweep_at = None
+        for queue, shards in self.shards.items():
+            need = max(BATCH, self._free_for(queue))
+            loaded = self.loaded.get(queue, {})
+            kept: dict[str, list[str]] = {}
+            count = 0
+            changed = queue in self._stale
+            gone = set()
+            for shard in shards:
+                if count >= need:
+                    break
+                key = f"s:{queue}/{shard}"
+                nodes = loaded.get(shard)
+                if nodes is None or full or key in dirty:
+                    if nodes is not None and self._defer(key, queue, full, now):
+                        pass
+                    else:
+                        names = self.store.children(self.layout.shard(queue, shard),
+                                                    watch=self._watch(key))
+                        self._seen(names)
+                        nodes = sorted(n for n in names if parse_job_node(n))
+                        self._listed_at[key] = now
+                        changed = True
+                        for name in set(names) - set(nodes):
+                            self._move_aside(
+                                self.layout.shard_child(queue, shard, name),
+                                kind="foreign_name",
+                                reason=f"{name!r} in shard {queue}/{shard} is not a pending "
+                                       "job's name ('{100-priority:03d}-{job_id}').")
+                if not nodes and self._sweep(queue, shard):
+                    gone.add(shard)
+                    continue
+                kept[shard] = nodes
+                count += len(nodes)
+            if gone:
+                shards[:] = [s for s in shards if s not in gone]
+            if changed or kept.keys() != loaded.keys():
+                for shard in loaded.keys() - kept.keys():
+                    self._listed_at.pop(f"s:{queue}/{shard}", None)
+                self.loaded[queue] = kept
+                self.pending[queue] = [n for nodes in kept.values() for n in nodes]
+        self._stale.clear()
+
+    def _sweep(self, queue: str, shard: str) -> bool:
+        """Delete an empty shard if old enough; True if it is gone."""
+        parsed = parse_shard(shard)
+        deletable_at = parsed[1] + SHARD_GRACE + 1 if parsed else 0
+        if time.time() < deletable_at:
+            self._sweep_at = min(self._sweep_at or deletable_at, deletable_at)
+            return False
+        failed = self.store.delete_shard(self.fence, queue, shard)
+        if not failed:
+            logger.debug("empty shard deleted queue=%s shard=%s", queue, shard)
+            return True
+        self._raise_if_fence(failed)
+        # NotEmpty: a job just arrived (its watch brings us back). NoNode: gone already.
+        return isinstance(failed[0][1], NoNodeError)
+
+    def _until_sweep(self) -> float:
+        if self._sweep_at is None:
+            return RECONCILE_EVERY
+        return max(0.0, self._sweep_at - time.time()) + 0.001
+
+    def _migrate(self, queue: str, nodes: list[str]) -> None:
+        """Move pending jobs written before sharding into their shards (fenced batches).
+
+        Runs whenever a queue's listing shows such a job: on election for old trees,
+        and for jobs an older submitter writes during a rolling upgrade.
+        """
+        for start in range(0, len(nodes), BATCH):
+            batch = nodes[start:start + BATCH]
+            results = self.store.move_unsharded(self.fence, queue, batch)
+            failed = failures(results)
+            if failed:
+                self._raise_if_fence(failed)
+                logger.info("unsharded jobs not moved queue=%s reason=%r", queue, failed[0])
+                break
+            logger.info("moved unsharded jobs into shards queue=%s count=%d", queue,
+                        len(batch))
+        self._listed_at.pop(f"q:{queue}", None)
+        self.mark(f"q:{queue}")
 
     def _until_next_due(self) -> float:
         if not self.delayed:
@@ -526,18 +651,19 @@ class Leader:
                 # A queue parent is missing or the entry vanished (cancelled): re-read.
                 name, queue, _ = batch[(failed[0][0] - 1) // 2]
                 logger.warning("promotion refused job=%s error=%r", name, failed[0][1])
-                if isinstance(failed[0][1], NoNodeError) and (failed[0][0] - 1) % 2 == 0:
-                    self.store.retry(self.client.ensure_path, self.layout.queue(queue))
                 self.mark("delayed")
                 self.mark("queues")
                 return
             done = {name for name, _, _ in batch}
             self.delayed = [n for n in self.delayed if n not in done]
             for _name, queue, node in batch:
-                self.pending.setdefault(queue, []).append(node)
                 logger.info("job due job=%s queue=%s", node.split("-", 1)[1], queue)
-            for queue in {queue for _, queue, _ in batch}:
-                self.pending[queue].sort()
+                # Its shard's watch (or the queue's, for a new shard) fires too; marking
+                # now spares waiting for it. A deferred re-list would hide the new job.
+                self._listed_at.pop(f"s:{queue}/{shard_of(node)}", None)
+                self.mark(f"s:{queue}/{shard_of(node)}")
+                self._listed_at.pop(f"q:{queue}", None)
+                self.mark(f"q:{queue}")
 
     def _expire_results(self, listed: bool) -> None:
         """Delete finished records whose bucket's TTL has passed (kazoo has no TTL nodes,
@@ -592,10 +718,19 @@ class Leader:
             if failed:
                 self._raise_if_fence(failed)
                 self._explain_refusal(batch, failed)
+                for queue, node, worker_id in plan[start + BATCH:]:  # planned, never sent
+                    self.workers.get(worker_id, WorkerView(worker_id)).assigned.discard(
+                        node.split("-", 1)[1])
+                    self._stale.add(queue)  # rebuild its view from the loaded shards
                 return
             for queue, node, worker_id in batch:
                 logger.info("assigned job=%s queue=%s worker=%s", node.split("-", 1)[1],
                             queue, worker_id)
+                nodes = self.loaded.get(queue, {}).get(shard_of(node))
+                if nodes and nodes[0] == node:
+                    del nodes[0]
+                elif nodes and node in nodes:
+                    nodes.remove(node)
             self.assignments_total += len(batch)
 
     def _explain_refusal(self, batch, failed) -> None:
@@ -611,11 +746,12 @@ class Leader:
         else:
             # Typically the job vanished (cancelled) or a worker left: re-read, replan.
             logger.debug("assignment batch refused job=%s error=%r", node, error)
-            self.mark(f"q:{queue}")
             self.mark(f"a:{worker_id}")
         for q, n, w in batch:  # undo our optimistic view; the re-read gives the truth
             self.workers.get(w, WorkerView(w)).assigned.discard(n.split("-", 1)[1])
-            self._listed_at.pop(q, None)  # our view of q is wrong: re-list it now
+            key = f"s:{q}/{shard_of(n)}"
+            self._listed_at.pop(key, None)  # our view of that shard is wrong: re-list it
+            self.mark(key)
             self.mark(f"q:{q}")
 
     def _raise_if_fence(self, failed) -> None:

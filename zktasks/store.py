@@ -47,6 +47,11 @@ TRANSIENT = (ConnectionLoss, OperationTimeoutError, SessionExpiredError)
 WORKER_LOST = "zktasks.exceptions.WorkerLost"
 MAX_WORKER_LOSSES = 3  # a job whose workers vanished this often is failed, not re-run
 LANDED = object()
+SHARD_ROUNDS = 8  # resends of a multi whose shard the leader deleted meanwhile
+# A submit_many multi stays well under jute.maxbuffer (1 MB by default, the whole
+# request): bytes of data and paths, and a bound on ops per multi.
+BULK_BYTES = 512_000
+BULK_JOBS = 500
 
 
 def failures(results) -> list[tuple[int, Exception]]:
@@ -139,13 +144,49 @@ class Store:
                 delay = min(delay * 2, 0.5)
 
     def commit(self, build: Callable, *, landed: Callable[[], bool] | None = None,
-               deadline: float | None = None):
+               deadline: float | None = None, waiting: Iterable[str] = ()):
         """Commit the multi `build(txn)` fills; return its results, or LANDED.
 
         On connection loss the outcome is unknown: once reconnected, `landed()` reads the
         tree to tell whether the earlier attempt took effect, and only if not is the
-        multi sent again.
+        multi sent again. `waiting` names the pending-job paths the multi creates: when
+        their shard is missing it is made and the multi sent again (see `with_shards`).
         """
+        return self.with_shards(lambda: self._commit_once(build, landed, deadline), waiting)
+
+    def with_shards(self, send: Callable, waiting: Iterable[str] = ()):
+        """Send a multi that creates pending jobs; make their missing shards and resend.
+
+        Shards are made lazily (a submitter does not pay an exists() per job) and deleted
+        by the leader once empty, so a job create can meet NoNode: the multi then wrote
+        nothing, the shards are created (NodeExists is fine) and the multi is sent again.
+        If the leader deletes a shard again in between, we go round again; only when no
+        shard was missing is the NoNode someone else's (the caller's) to explain.
+        """
+        waiting = list(waiting)
+        for _ in range(SHARD_ROUNDS):
+            results = send()
+            failed = failures(results)
+            if not (waiting and failed and isinstance(failed[0][1], NoNodeError)
+                    and self.make_shards(waiting)):
+                return results
+        return results
+
+    def make_shards(self, paths: Iterable[str]) -> bool:
+        """Create the shards (and queues) of pending-job paths; True if one was missing."""
+        made = False
+        prefix = self.layout.jobs + "/"
+        for shard in sorted({p.rsplit("/", 1)[0] for p in paths if p.startswith(prefix)}):
+            if shard.count("/") - self.layout.jobs.count("/") != 2:
+                continue  # an unsharded path (a queue's own child): nothing to make
+            try:
+                self.retry(self.client.create, shard, b"", makepath=True)
+                made = True
+            except NodeExistsError:
+                pass
+        return made
+
+    def _commit_once(self, build, landed, deadline):
         uncertain = False
 
         def attempt():
@@ -194,11 +235,7 @@ class Store:
         status_path = self.layout.status(record.id)
         job_path = self.waiting_path(record)
         status_data = record.to_bytes()
-        job_data = records.dumps({
-            "id": record.id,
-            "task": record.task,
-            "enqueued_at": record.enqueued_at.isoformat() if record.enqueued_at else None,
-        })
+        job_data = self.job_data(record)
         unique_path = self.layout.unique_key(record.unique_key) if record.unique_key else None
         self.check_size(record, len(status_data) + len(job_data))
         self.ensure_queue(record.queue)
@@ -215,7 +252,7 @@ class Store:
             return self.client.exists(status_path) is not None
 
         for _ in range(5):
-            results = self.commit(build, landed=landed)
+            results = self.commit(build, landed=landed, waiting=[job_path])
             failed = failures(results)
             if not failed:
                 return None
@@ -223,7 +260,8 @@ class Store:
             if index == 0 and isinstance(error, NodeExistsError):
                 return None  # an earlier attempt, cut off by connection loss, landed
             if index == 1 and isinstance(error, NoNodeError):
-                # The queue's parent vanished (an operator deleted it): make it again.
+                # A parent vanished (an operator deleted delayed/ or the queue): make it.
+                self._skeleton_made = False
                 self._queues_made.discard(record.queue)
                 self.ensure_queue(record.queue)
                 continue
@@ -235,6 +273,72 @@ class Store:
                     continue  # the holder finished meanwhile: try again
             raise error
         raise ZooKeeperUnavailableError(f"Could not create job {record.id!r}; try again.")
+
+    @staticmethod
+    def job_data(record: StatusRecord) -> bytes:
+        return records.dumps({
+            "id": record.id,
+            "task": record.task,
+            "enqueued_at": record.enqueued_at.isoformat() if record.enqueued_at else None,
+        })
+
+    def submit_many(self, batch: Iterable[StatusRecord]) -> int:
+        """Create many jobs in batched multis; return how many multis were sent.
+
+        Each multi creates whole jobs (status record + waiting node), so a crash between
+        multis leaves some jobs submitted and the others not, never half a job. Multis
+        stay under BULK_BYTES and BULK_JOBS. Unique keys are refused by the caller (a
+        held key would fail the whole multi). Idempotent per multi on connection loss:
+        the ids are fresh and random, so finding the first status record of a batch
+        means the batch landed.
+        """
+        chunks: list[list[tuple[str, bytes, str, bytes]]] = [[]]
+        size = 0
+        for record in batch:
+            if record.unique_key:
+                raise ValueError("submit_many() does not take jobs with a unique key")
+            status_data = record.to_bytes()
+            job_data = self.job_data(record)
+            self.check_size(record, len(status_data) + len(job_data))
+            item = (self.layout.status(record.id), status_data, self.waiting_path(record),
+                    job_data)
+            cost = sum(len(part) for part in item) + 64  # paths, data, per-op framing
+            if chunks[-1] and (size + cost > BULK_BYTES or len(chunks[-1]) >= BULK_JOBS):
+                chunks.append([])
+                size = 0
+            chunks[-1].append(item)
+            size += cost
+        chunks = [c for c in chunks if c]
+        if not chunks:
+            return 0
+        self.ensure_skeleton()
+        for chunk in chunks:
+            self._submit_chunk(chunk)
+        return len(chunks)
+
+    def _submit_chunk(self, chunk) -> None:
+        def build(txn):
+            for status_path, status_data, job_path, job_data in chunk:
+                txn.create(status_path, status_data)
+                txn.create(job_path, job_data)
+
+        def landed():
+            return self.client.exists(chunk[0][0]) is not None
+
+        waiting = [job_path for _, _, job_path, _ in chunk]
+        for _ in range(5):
+            results = self.commit(build, landed=landed, waiting=waiting)
+            failed = failures(results)
+            if not failed:
+                return
+            index, error = failed[0]
+            if index % 2 == 1 and isinstance(error, NoNodeError):
+                self._skeleton_made = False  # delayed/ or jobs/ vanished: make them again
+                self.ensure_skeleton()
+                continue
+            raise error
+        raise ZooKeeperUnavailableError(
+            f"Could not create a batch of {len(chunk)} jobs; try again.")
 
     def check_size(self, record: StatusRecord, size: int) -> None:
         limit = self.options.max_record_bytes
@@ -344,12 +448,14 @@ class Store:
         def landed():
             return self._written(status_path, data)
 
-        results = self.commit(build, landed=landed)
+        results = self.commit(build, landed=landed,
+                              waiting=[requeue_path] if requeue_path else ())
         failed = failures(results)
         if failed and self.forget_bucket_if_gone(index_path, failed):
             # Our bucket expired (a short result_ttl) or was purged since we made it.
             index_path = self.index_path(final)
-            results = self.commit(build, landed=landed)
+            results = self.commit(build, landed=landed,
+                                  waiting=[requeue_path] if requeue_path else ())
             failed = failures(results)
         if failed:
             logger.warning("outcome dropped job=%s worker=%s reason=%s", job_id, worker_id,
@@ -559,20 +665,23 @@ class Store:
         status_data = record.to_bytes()
         self.check_size(record, len(status_data))
 
+        waiting = self.waiting_path(record)
+
         def build(txn):
             txn.check(fence, -1)
             txn.create(self.layout.status(record.id), status_data)
-            txn.create(self.waiting_path(record),
-                       records.dumps({"id": record.id, "task": record.task}))
+            txn.create(waiting, records.dumps({"id": record.id, "task": record.task}))
             if version is None:
                 txn.create(schedule_path, state)
             else:
                 txn.set_data(schedule_path, state, version=version)
 
-        return self._commit_raw(build)
+        return self.with_shards(lambda: self._commit_raw(build), [waiting])
 
     def promote(self, fence: str, names: Iterable[tuple[str, str, str]]) -> list:
         """Move due delayed jobs to their queue: names are (delayed_name, queue, job_node)."""
+
+        names = list(names)
 
         def build(txn):
             txn.check(fence, -1)
@@ -580,7 +689,8 @@ class Store:
                 txn.create(self.layout.job(queue, node), b"")
                 txn.delete(self.layout.delayed_job(delayed_name))
 
-        return self._commit_raw(build)
+        waiting = [self.layout.job(queue, node) for _, queue, node in names]
+        return self.with_shards(lambda: self._commit_raw(build), waiting)
 
     def requeue(self, fence: str, worker_id: str, job_id: str, queue: str, node: str,
                 status: Versioned | None) -> list:
@@ -617,6 +727,8 @@ class Store:
         index = self.index_path(lost_record) if lost_record and lost_record.is_finished else None
         cleanup = self.cleanup_paths(lost_record) if index else []
 
+        waiting = [self.layout.job(queue, node)] if index is None else []
+
         def build(txn):
             txn.check(fence, -1)
             if index is None:
@@ -630,12 +742,37 @@ class Store:
                 for path in cleanup:
                     txn.delete(path)
 
-        results = self._commit_raw(build)
+        results = self.with_shards(lambda: self._commit_raw(build), waiting)
         failed = failures(results)
         if failed and failed[0][0] != 0 and self.forget_bucket_if_gone(index, failed):
             index = self.index_path(lost_record)  # expired or purged meanwhile: remake
-            results = self._commit_raw(build)
+            results = self.with_shards(lambda: self._commit_raw(build), waiting)
         return results
+
+    def delete_shard(self, fence: str, queue: str, shard: str) -> list:
+        """Delete an empty shard (fenced); return the failures (NotEmpty, NoNode) if any.
+
+        A submitter racing with this either lands its job first (NotEmpty here) or
+        meets NoNode and makes the shard again: no job is lost either way.
+        """
+        def build(txn):
+            txn.check(fence, -1)
+            txn.delete(self.layout.shard(queue, shard))
+
+        return failures(self._commit_raw(build))
+
+    def move_unsharded(self, fence: str, queue: str, nodes: list[str]) -> list:
+        """Move pending jobs written before sharding (jobs/{queue}/{node}) into their
+        shards, in one fenced multi: each job is in exactly one of the two places."""
+        def build(txn):
+            txn.check(fence, -1)
+            for node in nodes:
+                txn.create(self.layout.job(queue, node),
+                           records.dumps({"id": node.split("-", 1)[1]}))
+                txn.delete(self.layout.unsharded_job(queue, node))
+
+        waiting = [self.layout.job(queue, node) for node in nodes]
+        return self.with_shards(lambda: self._commit_raw(build), waiting)
 
     def _commit_raw(self, build):
         txn = self.client.transaction()

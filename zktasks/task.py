@@ -110,6 +110,18 @@ class ZkTask(Task):
         """Queue the task; same as enqueue() (Django's name)."""
         return self.enqueue(*args, **kwargs)
 
+    def submit_many(self, calls):
+        """Queue one job per (args, kwargs) pair, in batched multis; return the results.
+
+        All calls are checked and serialized before anything is written: one bad call
+        raises and no job is created. On a backend other than ZooKeeperBackend, this is
+        enqueue() per call.
+        """
+        backend = self.get_backend()
+        if hasattr(backend, "enqueue_many"):
+            return backend.enqueue_many(self, list(calls))
+        return [self.enqueue(*args, **kwargs) for args, kwargs in calls]
+
     def submit_on_commit(self, *args, **kwargs):
         """Queue the task when the surrounding database transaction commits.
 

@@ -19,9 +19,20 @@ LAYOUT = (
      "The leader's own node fences each of its multis."),
     ("{root}/workers/{worker_id}", "EPHEMERAL", "the worker",
      "JSON: host, pid, queues, concurrency, prefetch, started_at, draining"),
-    ("{root}/jobs/{queue}/{job_node}", "PERSISTENT", "submitters; the leader on reassign",
+    ("{root}/jobs/{queue}/{shard}", "PERSISTENT",
+     "whoever first puts a job in it (in a retry after NoNode); the leader deletes it "
+     "once empty and a few seconds old",
+     "a shard of the queue: '{100-priority:03d}-{epoch_seconds:010d}', the priority and "
+     "the second of submission shared by the jobs inside, both read from their names. "
+     "Shards sort like the jobs in them, so the leader lists shard names and then only "
+     "the first shards it needs (a children list stays under the 1 MB response limit); "
+     "counts come from each shard's stat.numChildren; no data"),
+    ("{root}/jobs/{queue}/{shard}/{job_node}", "PERSISTENT",
+     "submitters; the leader on reassign",
      "one per job waiting to be assigned; name '{100-priority:03d}-{job_id}' sorts by "
-     "priority, then submission time; data: JSON id, task, enqueued_at"),
+     "priority, then submission time, and names its shard (no reads to find a job); "
+     "data: JSON id, task, enqueued_at. A job node directly in jobs/{queue} (before "
+     "sharding) is moved into its shard by the leader"),
     ("{root}/delayed/{due_ms}-{100-priority}-{job_id}-{queue}", "PERSISTENT",
      "submitters (run_after); workers (retry backoff)",
      "jobs waiting for their time; the name sorts by due time and carries all the leader "
@@ -60,6 +71,7 @@ LAYOUT = (
 QUEUE_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}$")
 JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _JOB_NODE_RE = re.compile(r"^(\d{3})-([0-9a-f]{32})$")
+_SHARD_RE = re.compile(r"^(\d{3})-(\d{10})$")
 _DELAYED_RE = re.compile(r"^(\d{13})-(\d{3})-([0-9a-f]{32})-(.+)$")
 _DEAD_LETTER_RE = re.compile(r"^(\d{13})-[0-9a-f]{16}$")
 
@@ -105,6 +117,34 @@ def parse_job_node(name: str) -> tuple[int, str] | None:
     if not match:
         return None
     return 100 - int(match.group(1)), match.group(2)
+
+
+def job_second(job_id: str) -> int:
+    """The second of submission a job id starts with (its first 12 hex digits are ms)."""
+    return int(job_id[:12], 16) // 1000
+
+
+def shard_name(priority: int, job_id: str) -> str:
+    """Name the shard of jobs/{queue} a pending job lives in: its priority and second.
+
+    Derived from the job's own name, so every writer (submit, promote, requeue, retry,
+    hand back, cancel) finds the path without a read, and a plain sort of shard names
+    gives the same order as a sort of the jobs inside them.
+    """
+    return f"{100 - priority:03d}-{job_second(job_id):010d}"
+
+
+def shard_of(job_node: str) -> str:
+    """The shard of a pending job's node name ('{100-priority:03d}-{job_id}')."""
+    return f"{job_node[:3]}-{job_second(job_node[4:]):010d}"
+
+
+def parse_shard(name: str) -> tuple[int, int] | None:
+    """Return (priority, epoch second) of a shard's name, or None for another name."""
+    match = _SHARD_RE.match(name)
+    if not match:
+        return None
+    return 100 - int(match.group(1)), int(match.group(2))
 
 
 def delayed_node_name(due_ms: int, priority: int, job_id: str, queue: str) -> str:
@@ -276,7 +316,19 @@ class Layout:
     def queue(self, queue: str) -> str:
         return f"{self.jobs}/{queue}"
 
+    def shard(self, queue: str, shard: str) -> str:
+        return f"{self.jobs}/{queue}/{shard}"
+
     def job(self, queue: str, node: str) -> str:
+        """The path of a pending job: inside the shard its name points to."""
+        return f"{self.jobs}/{queue}/{shard_of(node)}/{node}"
+
+    def shard_child(self, queue: str, shard: str, name: str) -> str:
+        """Any child of a shard, by its name (a foreign one, to move aside)."""
+        return f"{self.shard(queue, shard)}/{name}"
+
+    def unsharded_job(self, queue: str, node: str) -> str:
+        """Where versions before sharding put a pending job (the leader migrates it)."""
         return f"{self.jobs}/{queue}/{node}"
 
     def worker_assignments(self, worker_id: str) -> str:

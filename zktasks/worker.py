@@ -473,13 +473,14 @@ class Worker:
         record = item.found.record
         layout = self.store.layout
 
+        waiting = self.store.waiting_path(record)
+
         def build(txn):
-            txn.create(self.store.waiting_path(record),
-                       records.dumps({"id": item.job_id, "task": record.task}))
+            txn.create(waiting, records.dumps({"id": item.job_id, "task": record.task}))
             txn.delete(layout.assignment(item.worker_id, item.job_id))
 
         try:
-            results = self.store.commit(build, deadline=2.0)
+            results = self.store.commit(build, deadline=2.0, waiting=[waiting])
             if failures(results):
                 logger.info("hand back refused job=%s: %s", item.job_id, failures(results))
             else:

@@ -7,6 +7,7 @@ from django.test import Client
 from tests import tasks
 from tests.dashboard import tasks as dash_tasks
 from tests.dashboard.conftest import url
+from tests.pending import pending_nodes
 from tests.waiting import wait_until
 
 
@@ -62,7 +63,7 @@ def test_cancel_a_pending_job(admin_client, backend):
     assert record.state == "FAILED"
     assert record.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
     layout = backend.store.layout
-    assert backend.store.children(layout.queue("default")) == []
+    assert pending_nodes(backend.store.client, layout) == []
     assert LogEntry.objects.get().object_id == job.id
 
 

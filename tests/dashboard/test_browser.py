@@ -196,7 +196,8 @@ def test_dead_letters_appear_live_and_a_screenshot(page, live_server, start_work
     expect(page.locator("#zk-deadletters")).to_contain_text("No dead letters")
 
     layout = backend.store.layout
-    zk_client.create(layout.job("default", "report-2024.csv"), b"id,total\n1,<b>42</b>\n")
+    zk_client.create(layout.unsharded_job("default", "report-2024.csv"),
+                     b"id,total\n1,<b>42</b>\n")
     zk_client.create(layout.delayed_job("tmp-lock"), b"\x00\x17\xfe\xff" * 8)
     params = {**settings.TASKS["default"]}
     params["OPTIONS"] = {**params["OPTIONS"], "SIGNING_KEY": "the-old-key"}

@@ -6,6 +6,7 @@ from django.test import Client
 from tests import tasks
 from tests.dashboard.conftest import url
 from tests.dashboard.test_actions import follow, messages_of
+from tests.pending import pending_nodes
 from tests.waiting import wait_until
 from zktasks import dashboard, deadletter
 
@@ -17,7 +18,7 @@ def plant(backend, zk_client, name, data):
     """A foreign name in jobs/default, moved aside as the leader would."""
     store = backend.store
     store.ensure_queue("default")
-    path = store.layout.job("default", name)
+    path = store.layout.unsharded_job("default", name)
     zk_client.create(path, data)
     entry, failed = deadletter.move_aside(store, path, data, 0, kind="foreign_name",
                                           reason=f"{name!r} is not a job name", by="leader x")
@@ -29,7 +30,7 @@ def parked_job(backend, zk_client):
     """A READY job that waits nowhere (its pending node moved aside): a re-queue case."""
     job = tasks.add.submit(2, 3)
     store = backend.store
-    (node,) = zk_client.get_children(store.layout.queue("default"))
+    (node,) = pending_nodes(zk_client, store.layout)
     path = store.layout.job("default", node)
     _, failed = deadletter.move_aside(store, path, b"", 0, kind="unreadable_assignment",
                                       reason="planted by a test", by="test", job_id=job.id)

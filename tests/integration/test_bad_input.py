@@ -5,6 +5,7 @@ from django.tasks import TaskResultStatus, task_backends
 
 from tests import tasks
 from tests.conftest import zk_tasks_setting
+from tests.pending import pending_nodes
 from zktasks import (
     InvalidTaskError,
     JobNotFound,
@@ -20,7 +21,7 @@ def tree_is_empty(backend, zk_client):
     def children(path):
         return zk_client.get_children(path) if zk_client.exists(path) else []
 
-    jobs = [c for q in children(layout.jobs) for c in children(layout.queue(q))]
+    jobs = [c for q in children(layout.jobs) for c in pending_nodes(zk_client, layout, q)]
     return jobs == [] and children(layout.status_dir) == []
 
 

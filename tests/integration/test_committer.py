@@ -4,6 +4,7 @@ before a job runs, and a batch with one stale job records the others."""
 import threading
 
 from tests import tasks
+from tests.pending import pending_nodes
 from tests.waiting import wait_for_data
 from zktasks import records
 from zktasks.committer import Committer
@@ -29,7 +30,7 @@ def _assigned_jobs(backend, zk_client, count):
     worker_id = "committer-test"
     zk_client.ensure_path(layout.worker_assignments(worker_id))
     results = [tasks.add.submit(i, i) for i in range(count)]
-    nodes = sorted(zk_client.get_children(layout.queue("default")))
+    nodes = pending_nodes(zk_client, layout)
     # Any znode that exists can stand in for the leader's election fence here.
     outcome = store.assign(layout.jobs, [("default", n, worker_id) for n in nodes])
     assert not [r for r in outcome if isinstance(r, Exception)]

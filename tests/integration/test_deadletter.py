@@ -9,9 +9,10 @@ from django.tasks import TaskResultStatus, task_backends
 from django.utils import timezone
 
 from tests import tasks
+from tests.pending import pending_nodes
 from tests.waiting import wait_for_children
 from zktasks import DeadLetterRefused, deadletter
-from zktasks.tree import job_node_name, new_job_id
+from zktasks.tree import job_node_name, new_job_id, shard_name
 
 
 def entries(backend):
@@ -44,14 +45,19 @@ def test_foreign_names_in_a_queue_and_in_delayed_are_moved_aside_once(
     start_worker()
     run_normal_jobs()
     layout = backend.store.layout
-    in_queue = layout.job("default", "not-a-job")
+    in_queue = layout.unsharded_job("default", "not-a-job")
     in_delayed = layout.delayed_job("garbage")
+    shard = shard_name(0, new_job_id())
+    in_shard = layout.shard_child("default", shard, "junk")
     zk_client.create(in_queue, b"hello")
     zk_client.create(in_delayed, b"\x00\x01\xff")
+    zk_client.create(in_shard, b"x", makepath=True)
     run_normal_jobs(base=10)
 
     queued = wait_for_entry(backend, zk_client, in_queue)
     delayed = wait_for_entry(backend, zk_client, in_delayed)
+    in_a_shard = wait_for_entry(backend, zk_client, in_shard)
+    assert in_a_shard.kind == "foreign_name" and "in shard default/" in in_a_shard.reason
     assert queued.kind == delayed.kind == "foreign_name"
     assert queued.data == b"hello" and queued.size == 5 and queued.job_id is None
     assert delayed.data == b"\x00\x01\xff"
@@ -71,13 +77,13 @@ def test_a_job_node_without_status_record_is_moved_aside(backend, start_worker, 
     worker = start_worker()
     layout = backend.store.layout
     ghost = new_job_id()
-    zk_client.create(layout.job("default", job_node_name(0, ghost)), b"{}")
+    zk_client.create(layout.job("default", job_node_name(0, ghost)), b"{}", makepath=True)
     run_normal_jobs()
     assigned = layout.assignment(worker.worker_id, ghost)
     letter = wait_for_entry(backend, zk_client, assigned)
     assert letter.kind == "no_status" and letter.job_id == ghost
     assert zk_client.exists(assigned) is None
-    assert zk_client.get_children(layout.queue("default")) == []
+    assert pending_nodes(zk_client, layout) == []  # (empty shards are swept later)
     with pytest.raises(DeadLetterRefused, match="has no status record"):
         backend.requeue_dead_letter(letter.name)
 
@@ -176,7 +182,7 @@ def test_an_unreadable_assignment_of_a_vanished_worker_is_moved_aside_and_requeu
 def test_discard_and_bounded_entries(backend, zk_client, settings):
     store = backend.store
     store.ensure_skeleton()
-    path = store.layout.job("default", "big")
+    path = store.layout.unsharded_job("default", "big")
     store.ensure_queue("default")
     big = b"y" * 200_000
     zk_client.create(path, big)
@@ -199,7 +205,7 @@ def test_entries_list_newest_first(backend, zk_client):
     store.ensure_queue("default")
     paths = []
     for i in range(3):
-        path = store.layout.job("default", f"junk-{i}")
+        path = store.layout.unsharded_job("default", f"junk-{i}")
         zk_client.create(path, json.dumps({"i": i}).encode())
         deadletter.move_aside(store, path, b"", 0, kind="foreign_name", reason="x", by="t")
         paths.append(path)

@@ -7,6 +7,7 @@ from django.tasks.signals import task_enqueued, task_finished, task_started
 from kazoo.client import KazooClient
 
 from tests import tasks
+from tests.pending import pending_nodes
 from tests.waiting import wait_for_children, wait_until
 from zktasks.records import ErrorRecord, StatusRecord
 from zktasks.store import Store, failures
@@ -145,10 +146,10 @@ def test_stale_leader_write_is_refused_by_its_fence(backend, zk_hosts, zk_client
                    "the stale client to reconnect on a new session")
         stale_store = Store(stale, backend.conf)
         zk_client.ensure_path(layout.worker_assignments("w1"))
-        [node] = zk_client.get_children(layout.queue("default"))
+        [node] = pending_nodes(zk_client, layout)
         results = stale_store.assign(fence, [("default", node, "w1")])
         assert failures(results)[0][0] == 0  # the fence check failed; nothing applied
-        assert zk_client.get_children(layout.queue("default")) == [node]
+        assert pending_nodes(zk_client, layout) == [node]
         assert zk_client.get_children(layout.worker_assignments("w1")) == []
     finally:
         stale.stop()
@@ -207,6 +208,6 @@ def test_job_that_keeps_losing_its_workers_is_failed_not_rerun(backend, start_wo
     assert result.status == "FAILED"
     assert len(result.errors) == 3
     assert "3 lost workers" in result.errors[-1].traceback
-    assert zk_client.get_children(backend.store.layout.queue("default")) == []
+    assert pending_nodes(zk_client, backend.store.layout) == []
     assert zk_client.get_children(backend.store.layout.unique) == []  # key freed
     assert backend.store.recent_finished(5) == [job.id]

@@ -5,6 +5,7 @@ import pytest
 from django.tasks import TaskResultStatus
 
 from tests import tasks
+from tests.pending import pending_nodes
 from zktasks import submit
 
 
@@ -13,8 +14,7 @@ def test_submit_writes_status_and_pending_job_in_one_step(backend, zk_client):
     layout = backend.store.layout
     assert result.status == TaskResultStatus.READY
     assert zk_client.exists(layout.status(result.id))
-    assert [n.endswith(result.id) for n in zk_client.get_children(layout.queue("default"))] == [
-        True]
+    assert [n.endswith(result.id) for n in pending_nodes(zk_client, layout)] == [True]
 
 
 def test_worker_runs_job_and_records_result(backend, start_worker, zk_client):
@@ -27,7 +27,7 @@ def test_worker_runs_job_and_records_result(backend, start_worker, zk_client):
     assert result.enqueued_at <= result.started_at <= result.finished_at
     layout = backend.store.layout
     assert zk_client.get_children(layout.worker_assignments(worker.worker_id)) == []
-    assert zk_client.get_children(layout.queue("default")) == []
+    assert pending_nodes(zk_client, layout) == []
 
 
 def test_failure_records_class_path_and_traceback(backend, start_worker):

@@ -1,0 +1,219 @@
+"""Sharded pending jobs (tree.LAYOUT: jobs/{queue}/{shard}/{job_node}) on a real ZooKeeper:
+order across shards, long backlogs, empty-shard sweeps racing submits, submit_many, the
+migration of unsharded trees."""
+
+import os
+import secrets
+import threading
+import time
+
+import pytest
+
+from tests import tasks
+from tests.pending import pending_nodes
+from tests.waiting import wait_until
+from zktasks import SerializationError
+from zktasks.leader import Leader
+from zktasks.store import BULK_JOBS
+from zktasks.tree import job_node_name, parse_shard, shard_name
+
+NOW_MS = int(time.time() * 1000)
+
+
+def job_id_at(ms: int, counter: int = 0) -> str:
+    """A job id as new_job_id() makes them, for a chosen submission time."""
+    return f"{ms:012x}{counter:04x}{secrets.token_hex(8)}"
+
+
+def submit_at(backend, task, ms, *args, counter=0):
+    record, result = backend.prepare(task, args, {}, job_id=job_id_at(ms, counter))
+    backend.write(record, result)
+    return result
+
+
+def marks(marker_dir) -> dict[int, int]:
+    runs: dict[int, int] = {}
+    for name in os.listdir(marker_dir):
+        number = int(name.split("-", 1)[0])
+        runs[number] = runs.get(number, 0) + 1
+    return runs
+
+
+def test_shard_names_sort_like_the_jobs_inside():
+    ids = [job_id_at(NOW_MS - 5000), job_id_at(NOW_MS), job_id_at(NOW_MS + 3000)]
+    nodes = [job_node_name(p, i) for p in (5, 0, -5) for i in ids]
+    assert sorted(nodes, key=lambda n: (shard_name(100 - int(n[:3]), n[4:]), n)) == sorted(nodes)
+    assert parse_shard(shard_name(7, ids[1])) == (7, NOW_MS // 1000)
+    assert parse_shard(job_node_name(7, ids[1])) is None  # a job is never taken for a shard
+
+
+def test_order_across_shards_is_priority_then_fifo(backend, start_worker, tmp_path):
+    """Jobs in many shards (three priorities, seconds apart, submitted out of order) run
+    highest priority first, then oldest first, one at a time."""
+    low = tasks.mark.using(priority=-10)
+    high = tasks.mark.using(priority=10)
+    expected = []
+    plan = [(tasks.mark, NOW_MS - 30_000, 0), (low, NOW_MS - 60_000, 0),
+            (high, NOW_MS - 5_000, 1), (tasks.mark, NOW_MS - 40_000, 1),
+            (high, NOW_MS - 50_000, 0), (low, NOW_MS - 20_000, 1),
+            (tasks.mark, NOW_MS - 40_000, 0)]
+    results = []
+    for number, (task, ms, counter) in enumerate(plan):
+        results.append(submit_at(backend, task, ms, str(tmp_path), number, counter=counter))
+        expected.append((-task.priority, ms, counter, number))
+    layout = backend.store.layout
+    assert len(backend.store.children(layout.queue("default"))) == 6  # shards
+    start_worker(concurrency=1, prefetch=0)
+    done = [r.wait(timeout=60) for r in results]
+    order = [r.return_value for r in sorted(done, key=lambda r: r.started_at)]
+    assert order == [number for *_, number in sorted(expected)]
+
+
+def test_a_backlog_spanning_many_shards_drains(backend, start_worker, tmp_path):
+    """1,200 jobs over 240 shards (seconds) and two priorities: every job runs, and the
+    leader deletes the emptied shards (they are all old)."""
+    records = []
+    for n in range(1200):
+        task = tasks.mark.using(priority=n % 2)
+        record, _ = backend.prepare(task, (str(tmp_path), n), {},
+                                    job_id=job_id_at(NOW_MS - 600_000 + (n // 10) * 1000, n))
+        records.append(record)
+    batches = backend.store.submit_many(records)
+    assert batches >= 1200 // BULK_JOBS + 1  # bounded by jobs and by bytes
+    layout = backend.store.layout
+    assert len(backend.store.children(layout.queue("default"))) == 240
+    leader_worker = start_worker(concurrency=8, prefetch=20)
+    start_worker(concurrency=8, lead=False)
+    wait_until(lambda: len(marks(tmp_path)) == 1200, 120, "every job to run")
+    wait_until(lambda: backend.store.children(layout.queue("default")) == [], 30,
+               "the empty shards to be swept")
+    assert pending_nodes(backend.store.client, layout) == []
+    leader = leader_worker.leader
+    assert leader.max_listed <= 240  # the shard list; never the 1,200 jobs at once
+
+
+def test_an_empty_old_shard_swept_while_submits_race_into_it(backend, start_worker, tmp_path):
+    """The leader deletes an old shard each time it empties while submitters keep putting
+    jobs with that second into it: each submit either lands before the delete (NotEmpty)
+    or meets NoNode and makes the shard again. No job is lost, none fails to submit."""
+    start_worker(concurrency=4)
+    old_ms = NOW_MS - 120_000
+    layout = backend.store.layout
+    shard = layout.shard("default", shard_name(0, job_id_at(old_ms)))
+    submitted = []
+    errors = []
+
+    def submitter(offset):
+        try:
+            for i in range(60):
+                submitted.append(submit_at(backend, tasks.mark, old_ms + 1, str(tmp_path),
+                                           offset + i, counter=offset + i))
+        except Exception as exc:  # pragma: no cover - the assertion below reports it
+            errors.append(exc)
+
+    # Before the submitters start: an empty shard of that second, already deletable.
+    backend.store.client.ensure_path(shard)
+    threads = [threading.Thread(target=submitter, args=(k * 1000,)) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    for result in submitted:
+        assert result.wait(timeout=60).status == "SUCCESSFUL"
+    assert sorted(marks(tmp_path)) == sorted(r.return_value for r in submitted)
+    wait_until(lambda: backend.store.client.exists(shard) is None, 30, "the shard swept")
+
+
+def test_submit_many_writes_thousands_in_batched_multis(backend, start_worker, tmp_path,
+                                                        zk_client):
+    results = tasks.mark.submit_many([((str(tmp_path), n), {}) for n in range(3000)])
+    assert len(results) == 3000 and len({r.id for r in results}) == 3000
+    layout = backend.store.layout
+    assert len(pending_nodes(zk_client, layout)) == 3000
+    assert all(zk_client.exists(layout.status(r.id)) for r in results[::97])
+    start_worker(concurrency=8, prefetch=20)
+    wait_until(lambda: len(marks(tmp_path)) == 3000, 180, "every job to run")
+    assert results[-1].wait(timeout=30).return_value == 2999
+
+
+def test_submit_many_writes_nothing_when_one_call_is_bad(backend, zk_client, tmp_path):
+    calls = [((str(tmp_path), n), {}) for n in range(1500)]
+    calls[1234] = ((str(tmp_path), (i for i in range(3))), {})  # cannot be pickled
+    with pytest.raises(SerializationError) as caught:
+        tasks.mark.submit_many(calls)
+    assert "item 1234" in "".join(caught.value.__notes__)
+    layout = backend.store.layout
+    assert pending_nodes(zk_client, layout) == []
+    assert not zk_client.exists(layout.status_dir) or zk_client.get_children(
+        layout.status_dir) == []
+    with pytest.raises(Exception, match="unique"):
+        tasks.mark.using(unique_key="k").submit_many([((str(tmp_path), 1), {})])
+
+
+def test_a_tree_from_before_sharding_is_migrated_by_the_leader(backend, start_worker,
+                                                              tmp_path, zk_client):
+    """Pending jobs written flat in jobs/{queue} (older versions) are moved into shards
+    by the leader, then run; a cancel finds a flat job too."""
+    store = backend.store
+    layout = store.layout
+    store.ensure_queue("default")
+    flat = []
+    for n in range(30):
+        record, result = backend.prepare(tasks.mark, (str(tmp_path), n), {})
+        zk_client.create(layout.status(record.id), record.to_bytes())
+        zk_client.create(layout.unsharded_job("default", job_node_name(0, record.id)),
+                         store.job_data(record))
+        flat.append(result)
+    assert backend.cancel(flat[0].id) is True  # found in its old place
+    start_worker(concurrency=4)
+    for result in flat[1:]:
+        assert result.wait(timeout=60).status == "SUCCESSFUL"
+    assert sorted(marks(tmp_path)) == list(range(1, 30))
+    assert all(parse_shard(n) for n in zk_client.get_children(layout.queue("default")))
+
+
+def test_the_leader_reads_only_the_shards_it_needs(backend, zk_client):
+    """With 2,000 pending jobs in 20 shards and no free capacity beyond one batch, the
+    leader lists the shard names and the first shard or two, not the backlog."""
+    records = []
+    for n in range(2000):
+        record, _ = backend.prepare(tasks.add, (n, n), {},
+                                    job_id=job_id_at(NOW_MS - 100_000 + (n // 100) * 1000, n))
+        records.append(record)
+    backend.store.submit_many(records)
+    stop = threading.Event()
+    leader = Leader(backend.store, "reader", stop=stop)
+    assert leader.contend()
+    try:
+        leader._tick()
+    finally:
+        leader._release()
+    assert leader.max_listed == 100  # one shard's worth (the shard list has 20 names)
+    assert sum(len(v) for v in leader.loaded["default"].values()) == 100
+    assert len(leader.shards["default"]) == 20
+
+
+def test_the_dashboards_pending_pages_walk_the_shards(backend):
+    """The pending page lists only the shards holding the page; its total comes from the
+    shards' stats; the cursor carries on across shards in assignment order."""
+    from zktasks.dashboard import Reader
+
+    records = []
+    for n in range(25):
+        task = tasks.add.using(priority=(5 if n % 5 == 0 else 0))
+        record, _ = backend.prepare(task, (n, n), {},
+                                    job_id=job_id_at(NOW_MS - 50_000 + (n // 5) * 1000, n))
+        records.append(record)
+    backend.store.submit_many(records)
+    expected = sorted(job_node_name(r.priority, r.id) for r in records)
+    reader = Reader(backend, client=backend.store.client)
+    seen, after = [], None
+    while True:
+        page = reader.pending("default", after=after, limit=7)
+        assert page.total == 25
+        seen.extend(row.note for row in page.rows)
+        if page.exhausted:
+            break
+        after = page.next_cursor
+    assert seen == expected
