@@ -40,7 +40,7 @@ LAYOUT = (
     ("{root}/assignments/{worker_id}", "PERSISTENT", "the worker (with its worker node)",
      "parent of the worker's assignments; the leader deletes it once the worker is gone"),
     ("{root}/assignments/{worker_id}/{job_id}", "PERSISTENT", "the leader",
-     "one per job assigned to that worker; data: JSON queue, node, leader, assigned_at"),
+     "one per job assigned to that worker; data: JSON queue, node, assigned_at"),
     ("{root}/finished/{bucket_ms}[-{ttl_s}]", "PERSISTENT",
      "whoever records a final state (made on first use)",
      "a 10-second bucket of the finished index: finish times from bucket_ms on, of jobs "
