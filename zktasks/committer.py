@@ -102,7 +102,14 @@ class Committer:
         With `linger`, the write waits up to LINGER seconds for company (the caller is
         about to start another job); otherwise it goes at once.
         """
+        # Its paths may need ZooKeeper (the index bucket, the unique key's holder): work
+        # them out here, on the runner's thread, never under the lock runners wait on.
+        try:
+            ops = self._final_ops(final, requeue)
+        except (ZooKeeperUnavailableError, KazooException):
+            ops = None  # ZooKeeper is away: the committer works them out (_prepare)
         with self._cond:
+            commit._final_ops = ops
             commit.final, commit.requeue, commit.on_done = final, requeue, on_done
             commit.due = time.monotonic() + (LINGER if linger else 0.0)
             self._waiting[id(commit)] = commit
@@ -140,16 +147,20 @@ class Committer:
     # -- the committer thread ----------------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
+        while not self._abandoned:
+            if not self._prepare():
+                time.sleep(0.5)  # ZooKeeper is away: the retries gave up; go round again
+                continue
             with self._cond:
                 if self._abandoned:
                     return
                 batch = self._take()
-                while not batch:
+                if not batch:
                     if self._closing and not self._waiting:
                         return
-                    self._cond.wait(self._wait_time())
-                    batch = self._take()
+                    if not self._unprepared():
+                        self._cond.wait(self._wait_time())
+                    continue
                 self._busy = True
             try:
                 self._flush(batch)
@@ -162,6 +173,25 @@ class Committer:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _unprepared(self) -> list[Commit]:
+        return [c for c in self._waiting.values()
+                if c.start is None and c._final_ops is None]
+
+    def _prepare(self) -> bool:
+        """Work out the ops of outcomes that lack them, outside the lock (they may read
+        or create znodes); False if ZooKeeper could not be reached."""
+        with self._cond:
+            todo = self._unprepared()
+        for commit in todo:
+            try:
+                ops = self._final_ops(commit.final, commit.requeue)
+            except (ZooKeeperUnavailableError, KazooException) as exc:
+                logger.warning("could not prepare job=%s: %r; retrying", commit.job_id, exc)
+                return False
+            with self._cond:
+                commit._final_ops = ops
+        return True
 
     def _wait_time(self) -> float | None:
         if not self._waiting:
@@ -177,6 +207,8 @@ class Committer:
         ops: list[_Op] = []
         size = 0
         for key, commit in list(self._waiting.items()):
+            if commit.start is None and commit._final_ops is None:
+                continue  # _prepare works it out first, outside the lock
             op = self._op(commit)
             ops.append(op)
             size += len(op.data)
@@ -188,19 +220,20 @@ class Committer:
     def _op(self, commit: Commit) -> _Op:
         if commit.start is not None:
             return _Op(commit, "start", commit.start, commit.version)
-        if commit._final_ops is None:
-            final = commit.final
-            creates = []
-            if commit.requeue:
-                creates.append((self.store.waiting_path(final),
-                                records.dumps({"id": final.id, "task": final.task})))
-            deletes = []
-            if final.is_finished:
-                creates.append((self.store.index_path(final), b""))
-                deletes.extend(self.store.cleanup_paths(final))
-            commit._final_ops = (final.to_bytes(), tuple(creates), tuple(deletes))
         data, creates, deletes = commit._final_ops
         return _Op(commit, "finish", data, commit.version, creates, deletes)
+
+    def _final_ops(self, final: StatusRecord, requeue: bool) -> tuple:
+        """(record bytes, (path, data) to create, paths to delete) of an outcome."""
+        creates = []
+        if requeue:
+            creates.append((self.store.waiting_path(final),
+                            records.dumps({"id": final.id, "task": final.task})))
+        deletes = []
+        if final.is_finished:
+            creates.append((self.store.index_path(final), b""))
+            deletes.extend(self.store.cleanup_paths(final))
+        return final.to_bytes(), tuple(creates), tuple(deletes)
 
     def _build(self, ops: list[_Op]):
         def build(txn):
@@ -245,7 +278,7 @@ class Committer:
             if op.kind == "finish" and not again and self._bucket_gone(op, failed):
                 # Its finished-index bucket expired or was purged since we made it:
                 # make it again (index_path does) and try once more.
-                op.commit._final_ops = None
+                op.commit._final_ops = self._final_ops(op.commit.final, op.commit.requeue)
                 self._flush([self._op(op.commit)], again=True)
                 return
             self._settle(op, False, failed)
