@@ -538,6 +538,15 @@ class Row:
     matrix: bool = False
 
 
+def record_rss(row: "Row", procs) -> None:
+    """Check every worker process is alive and note its memory, with its children's."""
+    for proc in procs:
+        proc.check_alive()
+        row.rss.append(proc.rss())
+    row.rss_main_mb = max(r["main_mb"] for r in row.rss)
+    row.rss_tree_mb = max(r["main_mb"] + sum(r["children_mb"]) for r in row.rss)
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -693,11 +702,7 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         print(f"   latency: p50 {row.latency_p50_ms:.1f} ms, p99 {row.latency_p99_ms:.1f} ms",
               flush=True)
 
-        for proc in procs:
-            proc.check_alive()
-            row.rss.append(proc.rss())
-        row.rss_main_mb = max(r["main_mb"] for r in row.rss)
-        row.rss_tree_mb = max(r["main_mb"] + sum(r["children_mb"]) for r in row.rss)
+        record_rss(row, procs)
         if sc.kind == "zktasks":
             row.rss_leader_mb = leader_rss(monitor, driver.leader_path, procs, row.rss)
         row.server_mb = round(pss_mb([zk.pid]), 1)
@@ -808,11 +813,7 @@ def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
         row.latency_p99_ms = _pct(latencies, 0.99) * 1000
         print(f"   latency: p50 {row.latency_p50_ms:.1f} ms, p99 {row.latency_p99_ms:.1f} ms",
               flush=True)
-        for proc in procs:
-            proc.check_alive()
-            row.rss.append(proc.rss())
-        row.rss_main_mb = max(r["main_mb"] for r in row.rss)
-        row.rss_tree_mb = max(r["main_mb"] + sum(r["children_mb"]) for r in row.rss)
+        record_rss(row, procs)
         row.server_mb = round(pss_mb(server.pids), 1)
     finally:
         for proc in procs:
