@@ -148,3 +148,19 @@ def mark(marker_dir, number):
     """Leave a file per run (so a test counts executions, repeats included)."""
     Path(marker_dir, f"{number}-{os.getpid()}-{time.monotonic_ns()}").touch()
     return number
+
+
+@zk_task
+def exclusive(marker_dir, seconds):
+    """Hold `marker_dir/running` for `seconds`; leave `overlap-*` if another run held it."""
+    held = Path(marker_dir, "running")
+    try:
+        fd = os.open(held, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        Path(marker_dir, f"overlap-{os.getpid()}-{time.monotonic_ns()}").touch()
+        time.sleep(seconds)
+        return False
+    os.close(fd)
+    time.sleep(seconds)
+    held.unlink()
+    return True

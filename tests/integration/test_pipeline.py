@@ -117,3 +117,13 @@ def test_submit_costs_one_request_once_parents_exist(backend, zookeeper):
         tasks.add.submit(i, i)
     # 20 multis, plus slack for other sessions' pings while this runs.
     assert received() - before <= 30
+
+
+def test_lookahead_runners_never_exceed_concurrency(backend, start_worker, tmp_path):
+    # Short jobs let the extra runners record the next job's start while one executes
+    # (worker.LOOKAHEAD); at most `concurrency` may execute at once all the same.
+    worker = start_worker(concurrency=1)
+    jobs = [tasks.exclusive.submit(str(tmp_path), 0.005) for _ in range(40)]
+    assert all(job.wait(timeout=60).return_value is True for job in jobs)
+    assert not list(tmp_path.glob("overlap-*"))
+    assert worker._short_jobs()  # the lookahead runners were allowed to take jobs

@@ -210,3 +210,25 @@ def test_plain_calls_use_the_fast_pickler_and_others_dill():
     assert other == "red" and type(other).__name__ == "Tag"
     assert serialization._plain({"a": [1, (2, 3)]}) and not serialization._plain([Tag()])
     assert std_pickle.loads(dump_value({"ok": True})) == {"ok": True}
+
+
+def test_envelope_mac_is_djangos_salted_hmac_with_sha256():
+    # The derived key is cached (envelope._derived_key); the MACs must not change.
+    from django.utils.crypto import salted_hmac
+
+    for key in [KEY, "other", "ünïcode"]:
+        sealed = envelope.seal(b"\x00blob", job_id="j1", kind=envelope.RESULT, key=key)
+        expected = salted_hmac("zktasks.envelope", b"result\x00j1\x00\x00blob", secret=key,
+                               algorithm="sha256").hexdigest()
+        assert sealed["mac"] == expected
+
+
+def test_loads_reads_standard_and_dill_pickles_alike():
+    import pickle
+
+    import dill
+
+    plain = {"a": [1, 2.5, "x"], "b": (None, b"dill")}
+    assert serialization.loads(pickle.dumps(plain)) == plain
+    square = eval("lambda x: x * x")  # noqa: S307 - a function only dill pickles by value
+    assert serialization.loads(dill.dumps(square, recurse=True))(7) == 49
