@@ -4,9 +4,9 @@ One main thread reads the worker's own assignments when its watch fires (rule 7:
 worker watches only its own parent) and queues them; runner threads each take one,
 record RUNNING (fenced by the assignment znode), hand it to the executor, then record the
 outcome and delete the assignment in one multi. There are twice as many runners as
-execution slots (`concurrency`): while a job runs, the next one's RUNNING write is in
-flight, so a slot never sits idle for a ZooKeeper round trip (see `LOOKAHEAD`). Every worker also contends for
-leadership (leader.py) unless told not to.
+execution slots (`concurrency`): for short jobs, the next one's RUNNING write is in
+flight while a job runs, so a slot does not idle for a ZooKeeper round trip (see
+`LOOKAHEAD`). Every worker also contends for leadership (leader.py) unless told not to.
 
 Connection states (rule 3): SUSPENDED starts nothing new; on reconnection with the same
 session work goes on; on LOST every ephemeral is gone, so the worker registers again
