@@ -431,7 +431,7 @@ class Done:
 class ZkTasksDriver:
     """Submit and wait through zktasks' public API (bench.tasks.noop or .sleep10)."""
 
-    def __init__(self, root: str, workload: str = "noop"):
+    def __init__(self, root: str, workload: str = "noop", pipelined: bool = False):
         from django.tasks import task_backends
 
         from zktasks.tree import Layout
@@ -447,6 +447,16 @@ class ZkTasksDriver:
         from bench import tasks
 
         self.task = getattr(tasks, workload)
+        self.pipelined = pipelined
+
+    def batch(self):
+        """Where a run of submits happens: `zktasks.pipelined()` for the -pipelined rows
+        (each job durable when the block ends, not when submit() returns)."""
+        if not self.pipelined:
+            return contextlib.nullcontext()
+        import zktasks
+
+        return zktasks.pipelined()
 
     def submit(self):
         return self.task.enqueue()
@@ -470,6 +480,9 @@ class PeerDriver:
         self.queue_path = self.peer.queue_path
         self.assignments_path = self.peer.assignments_path
         self.workers_path = self.peer.paths["workers"]
+
+    def batch(self):
+        return contextlib.nullcontext()
 
     def submit(self):
         return self.peer.submit()
@@ -604,7 +617,7 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
 
             settings_cm = override_settings(TASKS=tasks_setting(zk.hosts, root))
             settings_cm.enable()
-            driver = ZkTasksDriver(root, sc.workload)
+            driver = ZkTasksDriver(root, sc.workload, pipelined=sc.system == PIPELINED)
         else:
             driver = PeerDriver(zk.hosts, root)
 
@@ -613,7 +626,8 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         # which the streaming phase below cannot show when the submitter is slower.
         phase = Phase(zk, monitor, [])
         p0 = time.perf_counter()
-        backlog = [driver.submit() for _ in range(args.jobs)]
+        with driver.batch():
+            backlog = [driver.submit() for _ in range(args.jobs)]
         row.submit_idle_per_s = args.jobs / (time.perf_counter() - p0)
         delta = phase.end(args.jobs)
         row.zk_raw["submit"] = delta
@@ -654,7 +668,8 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         phase = Phase(zk, monitor, procs)
         t0 = time.time()
         p0 = time.perf_counter()
-        handles = [driver.submit() for _ in range(args.jobs)]
+        with driver.batch():  # the submit rate counts until every job is written
+            handles = [driver.submit() for _ in range(args.jobs)]
         submit_s = time.perf_counter() - p0
         monitor.wait_drained(driver.queue_path, driver.assignments_path, procs, DRAIN_DEADLINE)
         delta = phase.end(args.jobs)
@@ -938,28 +953,31 @@ RATIO_FIGURES = (
 
 
 def ratio_rows(rows: list[Row]) -> list[dict]:
-    ours = {(r.workload, r.workers): r for r in rows
-            if r.system == "zktasks" and r.matrix}
+    """zktasks / each peer of the same workload and worker count; the -pipelined rows get
+    their own lines ("zktasks" names which row was the numerator)."""
     out = []
-    for r in rows:
-        base = ours.get((r.workload, r.workers))
-        if base is None or r.system in ("zktasks", "raw-kazoo"):
-            continue
-        ratios = {}
-        for title, attr in RATIO_FIGURES:
-            mine, theirs = getattr(base, attr), getattr(r, attr)
-            ratios[title] = mine / theirs if mine and theirs else None
-        out.append({"workload": r.workload, "workers": r.workers, "peer": r.system,
-                    "zktasks": base.scenario, **ratios})
+    for system in ("zktasks", PIPELINED):
+        ours = {(r.workload, r.workers): r for r in rows if r.system == system and r.matrix}
+        for r in rows:
+            base = ours.get((r.workload, r.workers))
+            if base is None or r.system in OURS:
+                continue
+            ratios = {}
+            for title, attr in RATIO_FIGURES:
+                mine, theirs = getattr(base, attr), getattr(r, attr)
+                ratios[title] = mine / theirs if mine and theirs else None
+            out.append({"workload": r.workload, "workers": r.workers, "peer": r.system,
+                        "zktasks": base.system, **ratios})
     return out
 
 
 def format_ratios(ratios: list[dict]) -> str:
     columns = [("workload", lambda d: d["workload"], "{}"),
                ("workers", lambda d: d["workers"], "{}"),
-               ("zktasks / peer", lambda d: d["peer"], "{}")]
+               ("zktasks", lambda d: d["zktasks"], "{}"),
+               ("/ peer", lambda d: d["peer"], "{}")]
     columns += [(title, (lambda d, t=title: d[t]), "{:.2f}") for title, _ in RATIO_FIGURES]
-    return format_table(ratios, columns, left=3)
+    return format_table(ratios, columns, left=4)
 
 
 def format_table(rows: list, columns=None, left: int = 3) -> str:
@@ -1035,7 +1053,10 @@ def parse_args(argv=None):
 
 
 WORKLOADS = ("noop", "sleep10")
-MATRIX_SYSTEMS = ("zktasks", "celery", "celery-reliable", "rq", "huey", "dramatiq",
+# zktasks-pipelined: the same zktasks, each run of submits inside `zktasks.pipelined()`.
+PIPELINED = "zktasks-pipelined"
+OURS = ("zktasks", PIPELINED, "raw-kazoo")
+MATRIX_SYSTEMS = ("zktasks", PIPELINED, "celery", "celery-reliable", "rq", "huey", "dramatiq",
                   "django-tasks-db")
 
 SCENARIOS = (
@@ -1044,8 +1065,8 @@ SCENARIOS = (
     Scenario("zktasks-1w-thread", "zktasks", 1, "thread", 2),
     Scenario("peer-raw-kazoo", "peer", 1, "thread", 2, system="raw-kazoo"),
     # The peer matrix: every worker process runs one job at a time (see bench/README.md).
-    *(Scenario(f"{system}-{workload}-{n}w", "zktasks" if system == "zktasks" else "queue",
-               n, "process" if system == "zktasks" else "-", 1, workload, system, True)
+    *(Scenario(f"{system}-{workload}-{n}w", "zktasks" if system in OURS else "queue",
+               n, "process" if system in OURS else "-", 1, workload, system, True)
       for system in MATRIX_SYSTEMS for workload in WORKLOADS for n in (1, 2)),
 )
 
@@ -1081,7 +1102,7 @@ def main(argv=None) -> int:
         # Each system at its own default concurrency (the peers read this variable).
         os.environ["BENCH_PEER_DEFAULTS"] = "1"
         scenarios = tuple(replace(s, concurrency=os.cpu_count() or 1)
-                          if s.matrix and s.system == "zktasks" else s for s in scenarios)
+                          if s.matrix and s.system in OURS else s for s in scenarios)
     systems = list(dict.fromkeys(s.system for s in scenarios if s.kind == "queue"))
     if missing := peers.missing(systems):
         print(f"bench: the peers need Python packages that are not installed ({', '.join(missing)}"
@@ -1151,7 +1172,7 @@ def main(argv=None) -> int:
         if info.get("peers"):
             print("peers:     " + "\n           ".join(
                 f"{name}: {versions}" for name, versions in info["peers"].items()))
-        zk_rows = [r for r in rows if r.system in ("zktasks", "raw-kazoo")]
+        zk_rows = [r for r in rows if r.system in OURS]
         matrix = [r for r in rows if r.matrix]
         print()
         if zk_rows:

@@ -23,6 +23,7 @@ from .exceptions import (
 __all__ = [
     "zk_task",
     "submit",
+    "pipelined",
     "cancel_requested",
     "ZkTask",
     "ZkTaskResult",
@@ -50,6 +51,10 @@ def __getattr__(name):
         from .context import cancel_requested
 
         return cancel_requested
+    if name == "pipelined":
+        from .pipeline import pipelined
+
+        return pipelined
     if name in ("zk_task", "submit", "ZkTask", "ZkTaskResult"):
         from . import task
 

@@ -34,6 +34,7 @@ from .exceptions import (
     PayloadVerificationError,
     ZooKeeperUnavailableError,
 )
+from .pipeline import current as pipeline_of
 from .records import StatusRecord
 from .store import Store, failures
 from .task import ZkTask, ZkTaskResult
@@ -150,6 +151,9 @@ class ZooKeeperBackend(BaseTaskBackend):
 
     def enqueue(self, task, args, kwargs):
         record, result = self.prepare(task, args, kwargs)
+        pipeline = pipeline_of(self)
+        if pipeline is not None:
+            return pipeline.send(record, result)  # inside `with zktasks.pipelined():`
         return self.write(record, result)
 
     def enqueue_many(self, task, calls) -> list:

@@ -1,0 +1,87 @@
+"""`zktasks.pipelined()`: submits that do not wait, every job written when the block ends."""
+
+import pytest
+from django.tasks import TaskResultStatus
+from django.tasks.signals import task_enqueued
+
+import zktasks
+from tests import tasks
+from tests.pending import pending_nodes
+from zktasks import pipeline
+
+
+@pytest.fixture
+def enqueued():
+    seen = []
+
+    def receive(sender, task_result, **kwargs):
+        seen.append(task_result.id)
+
+    task_enqueued.connect(receive)
+    yield seen
+    task_enqueued.disconnect(receive)
+
+
+def test_every_job_is_written_when_the_block_ends(backend, zk_client, enqueued,
+                                                  start_worker):
+    count = pipeline.WINDOW + 44  # some are collected inside the block, the rest at its end
+    with zktasks.pipelined() as pipe:
+        results = [tasks.add.submit(n, 1) for n in range(count)]
+        assert pipeline.current(backend) is pipe
+        assert pipe.sent == count
+    assert pipeline.current(backend) is None
+    layout = backend.store.layout
+    ids = [r.id for r in results]
+    assert len(set(ids)) == count
+    assert sorted(enqueued) == sorted(ids)  # task_enqueued once per job, once it is written
+    for job_id in ids:
+        assert zk_client.exists(layout.status(job_id)), job_id
+    waiting = {name[-32:] for name in pending_nodes(zk_client, layout)}
+    assert waiting == set(ids)
+    assert pipe.resent == 0
+
+    start_worker()
+    values = [r.wait(timeout=60).return_value for r in results]
+    assert values == [n + 1 for n in range(count)]
+
+
+def test_a_unique_key_is_answered_at_once(backend):
+    keyed = tasks.add.using(unique_key="report-7")
+    with zktasks.pipelined():
+        first = keyed.submit(1, 2)
+        second = keyed.submit(3, 4)  # the key is held: the first job is the answer
+        other = tasks.add.submit(5, 6)
+    assert second.id == first.id
+    assert other.id != first.id
+    assert backend.get_result(other.id).status == TaskResultStatus.READY
+
+
+def test_jobs_submitted_before_an_error_are_still_written(backend, zk_client):
+    with pytest.raises(RuntimeError, match="view failed"), zktasks.pipelined():
+        results = [tasks.add.submit(n, n) for n in range(20)]
+        raise RuntimeError("view failed")
+    layout = backend.store.layout
+    assert all(zk_client.exists(layout.status(r.id)) for r in results)
+    assert {n[-32:] for n in pending_nodes(zk_client, layout)} == {r.id for r in results}
+
+
+def test_nested_blocks_share_the_outer_pipeline(backend, zk_client):
+    with zktasks.pipelined() as outer:
+        with zktasks.pipelined() as inner:
+            result = tasks.add.submit(1, 1)
+        assert inner is outer
+        assert pipeline.current(backend) is outer  # the inner block did not flush it
+    assert zk_client.exists(backend.store.layout.status(result.id))
+
+
+def test_bad_input_raises_at_submit_and_writes_nothing(backend, zk_client):
+    import socket
+
+    with zktasks.pipelined() as pipe:
+        with socket.socket() as sock, pytest.raises(zktasks.SerializationError,
+                                                     match="positional argument 1"):
+            tasks.add.submit(1, sock)
+        with pytest.raises(zktasks.PayloadTooLarge):
+            tasks.add.submit("x" * 2_000_000, 1)
+        assert pipe.sent == 0
+    assert pending_nodes(zk_client, backend.store.layout) == []
