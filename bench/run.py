@@ -391,7 +391,7 @@ def _group_members(pgid: int) -> list[int]:
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pgid:
+                if int(fields[2]) == pgid and fields[0] != "Z":  # zombies need no kill
                     members.append(int(entry.name))
     return members
 
