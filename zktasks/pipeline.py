@@ -34,7 +34,8 @@ from .store import failures
 
 logger = logging.getLogger(__name__)
 
-WINDOW = 256       # multis in flight; past it, the oldest is waited for
+WINDOW = 256               # multis in flight; past it, the oldest is waited for
+WINDOW_BYTES = 8_000_000   # ... and past this many bytes of records in flight (big payloads)
 SHARDS_KEPT = 512  # shard paths remembered as made, per pipeline
 
 _local = threading.local()
@@ -47,6 +48,7 @@ class SubmitPipeline:
         self.backend = backend
         self.store = backend.store
         self.in_flight: deque = deque()
+        self.in_flight_bytes = 0
         self.shards: set[str] = set()
         self.sent = 0
         self.resent = 0
@@ -69,17 +71,21 @@ class SubmitPipeline:
             if len(self.shards) >= SHARDS_KEPT:
                 self.shards.clear()
             self.shards.add(shard)
+        status_data = record.to_bytes()
         txn = store.raw_client.transaction()
-        txn.create(status_path, record.to_bytes())
+        txn.create(status_path, status_data)
         txn.create(job_path, store.job_data(record))
-        self.in_flight.append((record, result, txn.commit_async()))
+        self.in_flight.append((record, result, txn.commit_async(), len(status_data)))
+        self.in_flight_bytes += len(status_data)
         self.sent += 1
-        while len(self.in_flight) > WINDOW:
+        while len(self.in_flight) > WINDOW or (self.in_flight_bytes > WINDOW_BYTES
+                                               and len(self.in_flight) > 1):
             self._collect(*self.in_flight.popleft())
         return result
 
-    def _collect(self, record, result, pending) -> None:
+    def _collect(self, record, result, pending, size: int) -> None:
         """Wait for one multi; write the job again synchronously unless it surely landed."""
+        self.in_flight_bytes -= size
         try:
             ok = not failures(pending.get(timeout=self.store.options.connect_timeout))
         except Exception as exc:  # connection loss, session expiry, timeout: unknown
@@ -95,9 +101,10 @@ class SubmitPipeline:
         """Wait until every job sent is written; raise if some may not be."""
         lost: list[tuple[str, Exception]] = []
         while self.in_flight:
-            record, result, pending = self.in_flight.popleft()
+            item = self.in_flight.popleft()
+            record = item[0]
             try:
-                self._collect(record, result, pending)
+                self._collect(*item)
             except Exception as exc:
                 lost.append((record.id, exc))
         if lost:

@@ -85,3 +85,17 @@ def test_bad_input_raises_at_submit_and_writes_nothing(backend, zk_client):
             tasks.add.submit("x" * 2_000_000, 1)
         assert pipe.sent == 0
     assert pending_nodes(zk_client, backend.store.layout) == []
+
+
+def test_big_records_bound_the_bytes_in_flight(backend, zk_client, monkeypatch):
+    monkeypatch.setattr(pipeline, "WINDOW_BYTES", 50_000)
+    with zktasks.pipelined() as pipe:
+        results = []
+        for n in range(12):
+            results.append(tasks.add.submit("x" * 20_000, str(n)))
+            # Past the bound only the newest record may be in flight with older ones.
+            assert pipe.in_flight_bytes <= 50_000 or len(pipe.in_flight) == 1
+        assert len(pipe.in_flight) < 12
+    assert pipe.in_flight_bytes == 0
+    layout = backend.store.layout
+    assert all(zk_client.exists(layout.status(r.id)) for r in results)
