@@ -617,7 +617,8 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
 
             settings_cm = override_settings(TASKS=tasks_setting(zk.hosts, root))
             settings_cm.enable()
-            driver = ZkTasksDriver(root, sc.workload, pipelined=sc.system == PIPELINED)
+            driver = ZkTasksDriver(root, sc.workload,
+                                   pipelined=sc.system in (PIPELINED, PIPELINED_THREAD))
         else:
             driver = PeerDriver(zk.hosts, root)
 
@@ -956,7 +957,7 @@ def ratio_rows(rows: list[Row]) -> list[dict]:
     """zktasks / each peer of the same workload and worker count; the -pipelined rows get
     their own lines ("zktasks" names which row was the numerator)."""
     out = []
-    for system in ("zktasks", PIPELINED):
+    for system in ("zktasks", PIPELINED, PIPELINED_THREAD):
         ours = {(r.workload, r.workers): r for r in rows if r.system == system and r.matrix}
         for r in rows:
             base = ours.get((r.workload, r.workers))
@@ -1055,9 +1056,14 @@ def parse_args(argv=None):
 WORKLOADS = ("noop", "sleep10")
 # zktasks-pipelined: the same zktasks, each run of submits inside `zktasks.pipelined()`.
 PIPELINED = "zktasks-pipelined"
-OURS = ("zktasks", PIPELINED, "raw-kazoo")
-MATRIX_SYSTEMS = ("zktasks", PIPELINED, "celery", "celery-reliable", "rq", "huey", "dramatiq",
-                  "django-tasks-db")
+# zktasks-pipelined-thread: that, with workers tuned for short jobs (`--pool thread
+# --concurrency 16`, like Dramatiq's default of 8 threads per process) instead of the
+# default (task processes, one slot per CPU). Never counted as the default's figures.
+PIPELINED_THREAD = "zktasks-pipelined-thread"
+THREAD_CONCURRENCY = 16
+OURS = ("zktasks", PIPELINED, PIPELINED_THREAD, "raw-kazoo")
+MATRIX_SYSTEMS = ("zktasks", PIPELINED, PIPELINED_THREAD, "celery", "celery-reliable", "rq",
+                  "huey", "dramatiq", "django-tasks-db")
 
 SCENARIOS = (
     Scenario("zktasks-1w", "zktasks", 1, "process", 2),
@@ -1065,8 +1071,9 @@ SCENARIOS = (
     Scenario("zktasks-1w-thread", "zktasks", 1, "thread", 2),
     Scenario("peer-raw-kazoo", "peer", 1, "thread", 2, system="raw-kazoo"),
     # The peer matrix: every worker process runs one job at a time (see bench/README.md).
-    *(Scenario(f"{system}-{workload}-{n}w", "zktasks" if system in OURS else "queue",
-               n, "process" if system in OURS else "-", 1, workload, system, True)
+    *(Scenario(f"{system}-{workload}-{n}w", "zktasks" if system in OURS else "queue", n,
+               "thread" if system == PIPELINED_THREAD else "process" if system in OURS else "-",
+               THREAD_CONCURRENCY if system == PIPELINED_THREAD else 1, workload, system, True)
       for system in MATRIX_SYSTEMS for workload in WORKLOADS for n in (1, 2)),
 )
 
@@ -1102,7 +1109,8 @@ def main(argv=None) -> int:
         # Each system at its own default concurrency (the peers read this variable).
         os.environ["BENCH_PEER_DEFAULTS"] = "1"
         scenarios = tuple(replace(s, concurrency=os.cpu_count() or 1)
-                          if s.matrix and s.system in OURS else s for s in scenarios)
+                          if s.matrix and s.system in OURS and s.system != PIPELINED_THREAD
+                          else s for s in scenarios)
     systems = list(dict.fromkeys(s.system for s in scenarios if s.kind == "queue"))
     if missing := peers.missing(systems):
         print(f"bench: the peers need Python packages that are not installed ({', '.join(missing)}"
