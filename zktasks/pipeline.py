@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 WINDOW = 256               # multis in flight; past it, the oldest is waited for
 WINDOW_BYTES = 8_000_000   # ... and past this many bytes of records in flight (big payloads)
-SHARDS_KEPT = 512  # shard paths remembered as made, per pipeline
+SHARDS_KEPT = 512  # parent paths remembered as made, per pipeline
 
 _local = threading.local()
 
@@ -61,16 +61,17 @@ class SubmitPipeline:
             return self.backend.write(record, result)
         status_path = store.layout.status(record.id)
         job_path = store.waiting_path(record)
-        shard = job_path.rsplit("/", 1)[0]
-        if shard not in self.shards and job_path.startswith(store.layout.jobs + "/"):
-            # One synchronous create per queue and second, not a NoNode (and a resend)
-            # for every job in flight when a new second starts.
+        parent = job_path.rsplit("/", 1)[0]  # a queue's shard, or delayed/
+        if parent not in self.shards:
+            # Parents are made synchronously, once per queue and second (and once for
+            # delayed/): not a NoNode, and a resend, for every job in flight when a new
+            # second starts or the tree is fresh.
             self.backend._bounded(
                 store, lambda: (store.ensure_queue(record.queue), store.make_shards([job_path])),
                 f"Job {record.id!r} ({record.task}) was not submitted:", "Nothing was written.")
             if len(self.shards) >= SHARDS_KEPT:
                 self.shards.clear()
-            self.shards.add(shard)
+            self.shards.add(parent)
         status_data = record.to_bytes()
         txn = store.raw_client.transaction()
         txn.create(status_path, status_data)

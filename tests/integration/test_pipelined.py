@@ -99,3 +99,17 @@ def test_big_records_bound_the_bytes_in_flight(backend, zk_client, monkeypatch):
     assert pipe.in_flight_bytes == 0
     layout = backend.store.layout
     assert all(zk_client.exists(layout.status(r.id)) for r in results)
+
+
+def test_delayed_jobs_in_a_fresh_tree_need_no_resend(backend, zk_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    later = tasks.add.using(run_after=timezone.now() + timedelta(hours=1))
+    with zktasks.pipelined() as pipe:
+        results = [later.submit(n, n) for n in range(5)]
+    assert pipe.resent == 0  # the skeleton (status/, delayed/) was made before sending
+    for result in results:
+        assert backend.get_result(result.id).status == TaskResultStatus.READY
+    assert len(zk_client.get_children(backend.store.layout.delayed)) == 5
