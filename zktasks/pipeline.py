@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from django.tasks.signals import task_enqueued
 
-from .exceptions import ZooKeeperUnavailableError
+from .exceptions import ZkTasksError, ZooKeeperUnavailableError
 from .store import failures
 
 logger = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class SubmitPipeline:
             more = f" and {len(lost) - 10} more" if len(lost) > 10 else ""
             first = lost[0][1]
             error = (ZooKeeperUnavailableError if isinstance(first, ZooKeeperUnavailableError)
-                     else type(first))
+                     else ZkTasksError)  # e.g. NoAuth: the cause is chained below
             raise error(
                 f"{len(lost)} of the {self.sent} jobs submitted in a pipelined() block may not "
                 f"have been written ({ids}{more}): {first} Call get_result(id) for each once "

@@ -736,6 +736,12 @@ class ZooKeeperServer:
             if not self.is_running:
                 raise RuntimeError(f"ZooKeeper {self.hosts} is not running")
             self._signal(signal.SIGSTOP)
+            # Return once it has stopped (the kernel's event, not a sleep): a request
+            # sent right after must meet a frozen server, not one still running.
+            with contextlib.suppress(ChildProcessError):
+                # WEXITED too: a JVM dying meanwhile must not block us (WNOWAIT leaves
+                # its status for Popen to reap).
+                os.waitid(os.P_PID, self._proc.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
             self._paused = True
 
     def resume(self) -> None:

@@ -148,3 +148,36 @@ def test_pipelined_submits_ride_out_a_server_crash(zk_settings, own_server, star
     start_worker()
     values = [r.wait(timeout=60).return_value for r in results]
     assert values == [n + 1 for n in range(150)] + [n + 2 for n in range(150, 200)]
+
+
+def test_pipelined_block_names_the_jobs_it_could_not_confirm(settings, own_server, zk_root,
+                                                             monkeypatch):
+    """ZooKeeper frozen (SIGSTOP) with multis in flight: the block does not hang past
+    CONNECT_TIMEOUT per job, and every job is either written or named in the error."""
+    from datetime import timedelta
+
+    from django.tasks import task_backends
+    from django.utils import timezone
+
+    import zktasks
+    from zktasks.exceptions import ZooKeeperUnavailableError
+
+    use_zookeeper(settings, monkeypatch, own_server.hosts, zk_root, CONNECT_TIMEOUT=1.0)
+    later = tasks.add.using(run_after=timezone.now() + timedelta(hours=1))
+    results = []
+    try:
+        with pytest.raises(ZooKeeperUnavailableError) as caught, zktasks.pipelined():
+            results.append(later.submit(0, 0))  # makes delayed/; its parent is now known
+            own_server.pause()
+            results += [later.submit(n, n) for n in (1, 2)]  # sent, never answered
+    finally:
+        own_server.resume()
+    message = str(caught.value)
+    named = {r.id for r in results if r.id in message}
+    assert {results[1].id, results[2].id} <= named
+    assert "may not have been written" in message and "get_result" in message
+    backend = task_backends["default"]
+    with backend.store.bounded(60.0):
+        for result in results:
+            if result.id not in named:
+                assert backend.store.read_status(result.id) is not None
