@@ -113,3 +113,14 @@ def test_delayed_jobs_in_a_fresh_tree_need_no_resend(backend, zk_client):
     for result in results:
         assert backend.get_result(result.id).status == TaskResultStatus.READY
     assert len(zk_client.get_children(backend.store.layout.delayed)) == 5
+
+
+@pytest.mark.django_db
+def test_the_demo_view_submits_its_samples_in_one_block(backend, client, settings, enqueued):
+    settings.ROOT_URLCONF = "project.urls"
+    response = client.post("/submit/", {"sample": "all"})
+    assert response.status_code == 302
+    ids = client.session["zktasks_demo_jobs"]
+    assert len(ids) == 5 and sorted(enqueued) == sorted(ids)
+    for job_id in ids:
+        assert backend.get_result(job_id).status == TaskResultStatus.READY
