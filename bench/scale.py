@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,8 +80,11 @@ class Sampler:
         self.layout = layout
         self.zk_pid = zk_pid
         self.procs = procs
-        self.max = {"shards_in_queue": 0, "jobs_in_a_shard": 0, "finished_bucket": 0}
+        self.max = {"shards_in_queue": 0, "jobs_in_a_shard": 0, "finished_bucket": 0,
+                    "delayed_minutes": 0, "shards_in_a_delayed_minute": 0,
+                    "jobs_in_a_delayed_shard": 0}
         self.pending = 0
+        self.delayed = 0
         self.assigned = 0
         self.leader_name: str | None = None
         self.leader_hwm: dict[str, float] = {}
@@ -111,6 +115,17 @@ class Sampler:
         self.max["finished_bucket"] = max(
             [self.max["finished_bucket"],
              *(st.numChildren for st in stats.values() if st is not None)])
+        minutes = self._children(self.layout.delayed)
+        listed = {m: self._children(self.layout.delayed_minute(m)) for m in minutes}
+        stats = self._stats([self.layout.delayed_shard(m, sec)
+                             for m, seconds in listed.items() for sec in seconds])
+        sizes = [st.numChildren for st in stats.values() if st is not None]
+        self.delayed = sum(sizes)
+        self.max["delayed_minutes"] = max(self.max["delayed_minutes"], len(minutes))
+        self.max["shards_in_a_delayed_minute"] = max(
+            [self.max["shards_in_a_delayed_minute"], *map(len, listed.values())])
+        self.max["jobs_in_a_delayed_shard"] = max([self.max["jobs_in_a_delayed_shard"],
+                                                   *sizes])
         owners = self._children(self.layout.assignments)
         stats = self._stats([self.layout.worker_assignments(o) for o in owners])
         self.assigned = sum(st.numChildren for st in stats.values() if st is not None)
@@ -156,6 +171,9 @@ def main(argv=None) -> int:
     parser.add_argument("--result-ttl", type=int, default=600,
                         help="RESULT_TTL: finished records the leader expires as it goes")
     parser.add_argument("--every", type=float, default=10.0, help="seconds between reports")
+    parser.add_argument("--due-in", type=float, default=None, metavar="SECONDS",
+                        help="submit every job with run_after = now + SECONDS (all due at "
+                             "once: they wait in delayed/ shards, then drain)")
     parser.add_argument("--deadline", type=float, default=None,
                         help="seconds the drain may take (default: jobs / 20)")
     parser.add_argument("--out", default=None, help="write the figures here as JSON")
@@ -211,7 +229,8 @@ def main(argv=None) -> int:
                 continue
             name, hwm = sampler.leader_peak()
             print(f"[{time.monotonic() - t0:7.0f}s] {phase['name']}: submitted "
-                  f"{phase['submitted']:,} pending {sampler.pending:,} assigned "
+                  f"{phase['submitted']:,} delayed {sampler.delayed:,} "
+                  f"pending {sampler.pending:,} assigned "
                   f"{sampler.assigned:,} ran {len(executions.seen):,} "
                   f"(runs {executions.total:,}) max lists {sampler.max} "
                   f"leader {name} VmHWM {hwm} MB; ZK RSS {hwm_mb(zk.pid, 'VmRSS')} MB",
@@ -222,10 +241,18 @@ def main(argv=None) -> int:
     try:
         # -- submit ---------------------------------------------------------------
         started = time.monotonic()
+        task = record
+        if args.due_in is not None:
+            # Every job due at the same instant: the burst case of delayed/'s shards.
+            from django.utils import timezone
+
+            due = timezone.now() + timedelta(seconds=args.due_in)
+            task = record.using(run_after=due)
+            figures["due_at"] = due.isoformat()
         for start in range(0, args.jobs, args.chunk):
             count = min(args.chunk, args.jobs - start)
-            record.submit_many([((str(record_file), n), {})
-                                for n in range(start, start + count)])
+            task.submit_many([((str(record_file), n), {})
+                              for n in range(start, start + count)])
             phase["submitted"] = start + count
         submit_s = time.monotonic() - started
         figures["submit_seconds"] = round(submit_s, 1)
@@ -253,7 +280,7 @@ def main(argv=None) -> int:
             executions.update()
             if len(executions.seen) >= args.jobs:
                 sampler.sample()
-                if sampler.pending == 0 and sampler.assigned == 0:
+                if sampler.pending == 0 and sampler.assigned == 0 and sampler.delayed == 0:
                     break
             for name, proc in procs.items():
                 if proc.poll() is not None:

@@ -16,3 +16,19 @@ def pending_nodes(client, layout, queue: str = "default") -> list[str]:
         except NoNodeError:
             continue
     return nodes
+
+
+def delayed_nodes(client, layout) -> list[str]:
+    """Every delayed job's name across its shards (delayed/{minute}/{second}/{name})."""
+    names = []
+    for minute in _children(client, layout.delayed):
+        for second in _children(client, layout.delayed_minute(minute)):
+            names.extend(_children(client, layout.delayed_shard(minute, second)))
+    return sorted(names)
+
+
+def _children(client, path: str) -> list[str]:
+    try:
+        return client.get_children(path)
+    except NoNodeError:
+        return []

@@ -411,8 +411,10 @@ class ZooKeeperBackend(BaseTaskBackend):
                       store.layout.unsharded_job(record.queue, node)]
         if record.run_after is not None:
             due_ms = int(record.run_after.timestamp() * 1000)
-            candidates.append(store.layout.delayed_job(
-                delayed_node_name(due_ms, record.priority, job_id, record.queue)))
+            name = delayed_node_name(due_ms, record.priority, job_id, record.queue)
+            # Its shards; or, before the leader has migrated an older tree, delayed/.
+            candidates += [store.layout.delayed_job(name),
+                           store.layout.unsharded_delayed_job(name)]
         status_path = store.layout.status(job_id)
         data = final.to_bytes()
         index = store.index_path(final)

@@ -260,9 +260,11 @@ class Committer:
             results = self.store.commit(
                 self._build(ops),
                 landed=lambda: self.store._written(first_status, first.data),
-                # Retried jobs go back to pending: their shard may have to be made.
+                # Retried jobs go back to pending or delayed: their shard may have to be
+                # made.
                 waiting=[path for op in ops for path, _ in op.creates
-                         if path.startswith(self.layout.jobs + "/")],
+                         if path.startswith((self.layout.jobs + "/",
+                                             self.layout.delayed + "/"))],
             )
         except (ZooKeeperUnavailableError, KazooException) as exc:
             logger.warning("could not record %d job write(s): %r; retrying", len(ops), exc)

@@ -43,6 +43,7 @@ from .store import TRANSIENT, Store
 from .tree import (
     BUCKET_MS,
     bucket_start,
+    is_delayed_shard,
     parse_bucket,
     parse_delayed_node,
     parse_finished_entry,
@@ -371,15 +372,28 @@ class Reader:
         return Page(rows=rows, next_cursor=chosen[-1] if more and chosen else None,
                     total=total, exhausted=not more)
 
+    def delayed_names(self) -> list[str]:
+        """Every delayed job's name, across its shards (delayed/{minute}/{second}/...),
+        plus any not migrated yet from an older tree. Lists are pipelined, level by level;
+        each stays small, but all of them are read (the page needs the total)."""
+        layout = self.layout
+        top = self.children(layout.delayed)
+        names = [n for n in top if parse_delayed_node(n)]
+        minutes = [m for m in top if is_delayed_shard(m)]
+        listed = _gather(self.client, [layout.delayed_minute(m) for m in minutes],
+                         "get_children")
+        shards = [layout.delayed_shard(m, sec) for m in minutes
+                  for sec in listed.get(layout.delayed_minute(m)) or ()
+                  if is_delayed_shard(sec)]
+        for found in _gather(self.client, shards, "get_children").values():
+            names += [n for n in found or () if parse_delayed_node(n)]
+        return names
+
     def delayed(self, queue: str | None = None, *, after: str | None = None,
                 limit: int = PAGE_SIZE) -> Page:
         """Jobs waiting for their run_after or retry backoff, the first due first."""
-        names = []
-        for name in self.children(self.layout.delayed):
-            parsed = parse_delayed_node(name)
-            if parsed and (queue is None or parsed[3] == queue):
-                names.append(name)
-        names.sort()
+        names = sorted(n for n in self.delayed_names()
+                       if queue is None or parse_delayed_node(n)[3] == queue)
         start = 0
         if after:
             start = next((i for i, n in enumerate(names) if n > after), len(names))
@@ -1021,6 +1035,20 @@ class LiveState:
         self._last_read[key] = time.monotonic()
         self._last_read["size:" + key] = size
 
+    def _delayed_names(self) -> list[str]:
+        """Every delayed job's name, each list watched under the key "delayed" (a job
+        added or promoted anywhere below delayed/ brings the counts up to date)."""
+        layout = self.layout
+        top = self._children([(layout.delayed, "delayed")])[layout.delayed] or []
+        names = [n for n in top if parse_delayed_node(n)]
+        minutes = [layout.delayed_minute(m) for m in top if is_delayed_shard(m)]
+        listed = self._children([(m, "delayed") for m in minutes])
+        shards = [f"{m}/{sec}" for m in minutes for sec in listed[m] or ()
+                  if is_delayed_shard(sec)]
+        for found in self._children([(p, "delayed") for p in shards]).values():
+            names += [n for n in found or () if parse_delayed_node(n)]
+        return names
+
     def _children(self, paths_keys: list[tuple[str, str]]) -> dict[str, list[str] | None]:
         """List children with a watch each (pipelined); a missing parent maps to None."""
         out = {}
@@ -1098,10 +1126,9 @@ class LiveState:
         delayed = None
         if full or "delayed" in dirty:
             delayed = {}
-            for name in self._children([(layout.delayed, "delayed")])[layout.delayed] or ():
+            for name in self._delayed_names():
                 parsed = parse_delayed_node(name)
-                if parsed:
-                    delayed[parsed[3]] = delayed.get(parsed[3], 0) + 1
+                delayed[parsed[3]] = delayed.get(parsed[3], 0) + 1
         leader = self.leader
         if full or "leader" in dirty:
             leader = self._read_leader()

@@ -32,7 +32,15 @@ from kazoo.protocol.states import EventType, KazooState
 from . import deadletter, records
 from .exceptions import CorruptRecord, ZooKeeperUnavailableError
 from .store import TRANSIENT, Store, failures
-from .tree import job_node_name, parse_delayed_node, parse_job_node, parse_shard, shard_of
+from .tree import (
+    delayed_shards,
+    is_delayed_shard,
+    job_node_name,
+    parse_delayed_node,
+    parse_job_node,
+    parse_shard,
+    shard_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +49,9 @@ RECONCILE_EVERY = 30.0   # seconds between full re-reads even when no watch fire
 RELIST_EVERY = 0.1       # seconds: the most often a queue with local work is re-listed
 EXPIRE_EVERY = 10.0      # seconds: the longest between sweeps of expired results
 SHARD_GRACE = 2.0        # seconds: an empty shard is deleted once its second is this old
+DELAYED_HORIZON = 60.0   # seconds: due minutes starting within it are loaded ahead
+DELAYED_LOAD = 10_000     # due delayed names loaded at once (more once those are moved)
+DELAYED_GRACE = 60.0     # seconds past its minute before an empty delayed shard is deleted
 
 
 class LeadershipLost(Exception):
@@ -106,7 +117,8 @@ class Leader:
         self.max_listed = 0  # the longest children list read (tests, the scale bench)
         self._sweep_at: float | None = None  # when a kept empty shard becomes deletable
         self._stale: set[str] = set()  # queues whose pending view plan() left wrong
-        self.delayed: list[str] = []  # sorted names: the first is due first
+        self.delayed: list[str] = []  # sorted names of due jobs: the first is due first
+        self._delayed_next_ms: int | None = None  # the first due time not loaded yet
         self.assignments_total = 0
         self._last_expiry = 0.0
         self._next_expiry = 0.0       # epoch seconds the earliest finished bucket expires
@@ -261,6 +273,9 @@ class Leader:
                                RELIST_EVERY if self._deferred else RECONCILE_EVERY))
 
     def _tick(self) -> None:
+        if self._delayed_next_ms is not None and time.time() * 1000 >= self._delayed_next_ms:
+            self._delayed_next_ms = None
+            self.mark("delayed")  # the next delayed jobs are due: read them
         with self._dirty_lock:
             dirty, self._dirty = self._dirty | self._deferred, set()
         self._deferred = set()
@@ -324,12 +339,85 @@ class Leader:
                                "('{100-priority:03d}-{second:010d}').")
 
         if full or "delayed" in dirty:
-            names = self.store.children(self.layout.delayed, watch=self._watch("delayed"))
-            self.delayed = sorted(n for n in names if parse_delayed_node(n))
-            for name in set(names) - set(self.delayed):
-                self._move_aside(self.layout.delayed_job(name), kind="foreign_name",
-                                 reason=f"{name!r} in delayed/ is not a delayed job's name "
-                                        "('{due_ms}-{100-priority}-{job_id}-{queue}').")
+            self._load_delayed()
+
+    def _load_delayed(self) -> None:
+        """Load the names of the delayed jobs that are due, at most DELAYED_LOAD, and the
+        first due time among the others (when to wake). Never the whole of delayed/: the
+        due minutes are listed, then the shards of those that have begun (and of the
+        first one), each list bounded by one second of submissions; names not due are
+        dropped as they are read, so memory holds only what is about to move.
+
+        Every list is watched under one key, so any change re-reads this part. Empty
+        shards and minutes are deleted once their minute is DELAYED_GRACE past (writers
+        only add jobs due in the future; one racing with the delete makes it again).
+        """
+        layout = self.layout
+        watch = self._watch("delayed")
+        names = self.store.children(layout.delayed, watch=watch)
+        self._seen(names)
+        flat = sorted(n for n in names if parse_delayed_node(n))
+        if flat:
+            self._migrate_delayed(flat)
+        minutes = sorted(n for n in names if is_delayed_shard(n))
+        for name in set(names) - set(flat) - set(minutes):
+            self._move_aside(layout.unsharded_delayed_job(name), kind="foreign_name",
+                             reason=f"{name!r} in delayed/ is neither a due minute "
+                                    "('{epoch_second:010d}') nor a delayed job's name "
+                                    "('{due_ms}-{100-priority}-{job_id}-{queue}').")
+        now = time.time()
+        now_ms = int(now * 1000)
+        due: list[str] = []
+        later: str | None = None  # the first name not due yet (names sort by due time)
+        for minute in minutes:
+            start = int(minute)
+            if later is not None and start * 1000 > now_ms:
+                break  # a later minute: nothing in it is due before `later`
+            past = start + 60 + DELAYED_GRACE < now
+            seconds = self.store.children(layout.delayed_minute(minute), watch=watch)
+            self._seen(seconds)
+            if not seconds and past:
+                self.store.delete_empty(self.fence, layout.delayed_minute(minute))
+                continue
+            for second in sorted(seconds):
+                path = layout.delayed_shard(minute, second)
+                if not is_delayed_shard(second):
+                    self._move_aside(path, kind="foreign_name",
+                                     reason=f"{second!r} in delayed/{minute} is not a "
+                                            "second of submission ('{epoch_second:010d}').")
+                    continue
+                jobs = self.store.children(path, watch=watch)
+                self._seen(jobs)
+                if not jobs and past:
+                    self.store.delete_empty(self.fence, path)
+                for name in jobs:
+                    if delayed_shards(name) != (minute, second):
+                        self._move_aside(f"{path}/{name}", kind="foreign_name",
+                                         reason=f"{name!r} in delayed/{minute}/{second} is "
+                                                "not the name of a delayed job of that "
+                                                "shard.")
+                    elif int(name[:13]) <= now_ms:
+                        due.append(name)
+                    elif later is None or name < later:
+                        later = name
+                if len(due) >= DELAYED_LOAD:
+                    break
+            if len(due) >= DELAYED_LOAD:
+                later = None  # more are due: the watches of the moves bring us back
+                break
+        self.delayed = sorted(due)
+        self._delayed_next_ms = int(later[:13]) if later else None
+
+    def _migrate_delayed(self, names: list[str]) -> None:
+        """Move delayed jobs written before sharding into their shards (fenced batches)."""
+        for start in range(0, len(names), BATCH):
+            batch = names[start:start + BATCH]
+            failed = failures(self.store.move_unsharded_delayed(self.fence, batch))
+            if failed:
+                self._raise_if_fence(failed)
+                logger.info("unsharded delayed jobs not moved reason=%r", failed[0])
+                return
+            logger.info("moved unsharded delayed jobs into shards count=%d", len(batch))
 
     def _defer(self, key: str, queue: str, full: bool, now: float) -> bool:
         """Put off re-listing `key` while the local view still has jobs to hand out.
@@ -447,10 +535,11 @@ class Leader:
         self.mark(f"q:{queue}")
 
     def _until_next_due(self) -> float:
-        if not self.delayed:
+        if self.delayed:
+            return 0.0  # loaded names are due: _promote_due moves them
+        if self._delayed_next_ms is None:
             return RECONCILE_EVERY
-        due_ms = parse_delayed_node(self.delayed[0])[0]
-        return max(0.0, due_ms / 1000 - time.time()) + 0.001
+        return max(0.0, self._delayed_next_ms / 1000 - time.time()) + 0.001
 
     def _until_next_tick(self) -> float:
         if not self._next_ticks:

@@ -173,17 +173,24 @@ class Store:
         return results
 
     def make_shards(self, paths: Iterable[str]) -> bool:
-        """Create the shards (and queues) of pending-job paths; True if one was missing."""
+        """Create the shards of pending-job and delayed-job paths (with their queue or
+        due minute); True if one was missing."""
         made = False
-        prefix = self.layout.jobs + "/"
-        for shard in sorted({p.rsplit("/", 1)[0] for p in paths if p.startswith(prefix)}):
-            if shard.count("/") - self.layout.jobs.count("/") != 2:
-                continue  # an unsharded path (a queue's own child): nothing to make
-            try:
-                self.retry(self.client.create, shard, b"", makepath=True)
-                made = True
-            except NodeExistsError:
-                pass
+        wanted = set()
+        for base in (self.layout.jobs, self.layout.delayed):
+            depth = base.count("/") + 3  # base/{queue|minute}/{shard}/{job}
+            wanted |= {p.rsplit("/", 1)[0] for p in paths
+                       if p.startswith(base + "/") and p.count("/") == depth}
+        for shard in sorted(wanted):
+            for _ in range(SHARD_ROUNDS):
+                try:
+                    self.retry(self.client.create, shard, b"", makepath=True)
+                    made = True
+                except NodeExistsError:
+                    pass
+                except NoNodeError:
+                    continue  # the leader swept the new parent meanwhile: again
+                break
         return made
 
     def _commit_once(self, build, landed, deadline):
@@ -772,6 +779,28 @@ class Store:
                 txn.delete(self.layout.unsharded_job(queue, node))
 
         waiting = [self.layout.job(queue, node) for node in nodes]
+        return self.with_shards(lambda: self._commit_raw(build), waiting)
+
+    def delete_empty(self, fence: str, path: str) -> list:
+        """Delete an empty delayed shard or due minute (fenced); return the failures
+        (NotEmpty, NoNode) if any. A writer racing with this meets NoNode and makes the
+        parents again (`make_shards`)."""
+        def build(txn):
+            txn.check(fence, -1)
+            txn.delete(path)
+
+        return failures(self._commit_raw(build))
+
+    def move_unsharded_delayed(self, fence: str, names: list[str]) -> list:
+        """Move delayed jobs written before sharding (delayed/{name}) into their shards,
+        in one fenced multi: each job is in exactly one of the two places."""
+        def build(txn):
+            txn.check(fence, -1)
+            for name in names:
+                txn.create(self.layout.delayed_job(name), b"")
+                txn.delete(self.layout.unsharded_delayed_job(name))
+
+        waiting = [self.layout.delayed_job(name) for name in names]
         return self.with_shards(lambda: self._commit_raw(build), waiting)
 
     def _commit_raw(self, build):

@@ -33,10 +33,20 @@ LAYOUT = (
      "priority, then submission time, and names its shard (no reads to find a job); "
      "data: JSON id, task, enqueued_at. A job node directly in jobs/{queue} (before "
      "sharding) is moved into its shard by the leader"),
-    ("{root}/delayed/{due_ms}-{100-priority}-{job_id}-{queue}", "PERSISTENT",
-     "submitters (run_after); workers (retry backoff)",
-     "jobs waiting for their time; the name sorts by due time and carries all the leader "
-     "needs to move the job to jobs/{queue} when due (no reads); no data"),
+    ("{root}/delayed/{due_minute}", "PERSISTENT",
+     "whoever first puts a delayed job due in that minute (made on NoNode); the leader "
+     "deletes it once empty and its minute is DELAYED_GRACE past",
+     "the epoch second (10 digits) a minute of due times starts at; no data"),
+    ("{root}/delayed/{due_minute}/{second}", "PERSISTENT",
+     "as above; the leader deletes it once empty and its minute is past",
+     "the second of submission (10 digits) of the jobs inside, read from their ids: "
+     "bounds a shard by one second of submissions even when all are due at once; no data"),
+    ("{root}/delayed/{due_minute}/{second}/{due_ms}-{100-priority}-{job_id}-{queue}",
+     "PERSISTENT", "submitters (run_after); workers (retry backoff)",
+     "jobs waiting for their time; the name sorts by due time, names its two shards (no "
+     "reads to find it) and carries all the leader needs to move the job to jobs/{queue} "
+     "when due; no data. A name directly in delayed/ (before sharding) is moved into its "
+     "shard by the leader"),
     ("{root}/assignments/{worker_id}", "PERSISTENT", "the worker (with its worker node)",
      "parent of the worker's assignments; the leader deletes it once the worker is gone"),
     ("{root}/assignments/{worker_id}/{job_id}", "PERSISTENT", "the leader",
@@ -73,6 +83,7 @@ JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _JOB_NODE_RE = re.compile(r"^(\d{3})-([0-9a-f]{32})$")
 _SHARD_RE = re.compile(r"^(\d{3})-(\d{10})$")
 _DELAYED_RE = re.compile(r"^(\d{13})-(\d{3})-([0-9a-f]{32})-(.+)$")
+_DELAYED_SHARD_RE = re.compile(r"^\d{10,13}$")
 _DEAD_LETTER_RE = re.compile(r"^(\d{13})-[0-9a-f]{16}$")
 
 
@@ -158,6 +169,23 @@ def parse_delayed_node(name: str) -> tuple[int, int, str, str] | None:
     if not match:
         return None
     return int(match.group(1)), 100 - int(match.group(2)), match.group(3), match.group(4)
+
+
+def delayed_shards(name: str) -> tuple[str, str] | None:
+    """The two shards of a delayed job's name: (due minute, second of submission).
+
+    Both come from the name (its due time, and its job id's first digits), so every
+    writer and reader finds the path without a read. None for a foreign name.
+    """
+    parsed = parse_delayed_node(name)
+    if parsed is None:
+        return None
+    return f"{parsed[0] // 60_000 * 60:010d}", f"{job_second(parsed[2]):010d}"
+
+
+def is_delayed_shard(name: str) -> bool:
+    """A due-minute or submission-second shard's name (epoch seconds)."""
+    return bool(_DELAYED_SHARD_RE.match(name))
 
 
 def dead_letter_name(at_ms: int) -> str:
@@ -257,7 +285,22 @@ class Layout:
     def delayed(self) -> str:
         return f"{self.root}/delayed"
 
+    def delayed_minute(self, minute: str) -> str:
+        return f"{self.delayed}/{minute}"
+
+    def delayed_shard(self, minute: str, second: str) -> str:
+        return f"{self.delayed}/{minute}/{second}"
+
     def delayed_job(self, name: str) -> str:
+        """A delayed job's path, inside the shards its name points to. A foreign name
+        (garbage to move aside) is where it can only be: directly in delayed/."""
+        shards = delayed_shards(name)
+        if shards is None:
+            return self.unsharded_delayed_job(name)
+        return f"{self.delayed}/{shards[0]}/{shards[1]}/{name}"
+
+    def unsharded_delayed_job(self, name: str) -> str:
+        """Where versions before sharding put a delayed job (the leader migrates it)."""
         return f"{self.delayed}/{name}"
 
     @property

@@ -8,7 +8,8 @@ from django.tasks import TaskResultStatus
 from django.utils import timezone
 
 from tests import tasks
-from tests.waiting import wait_for_children, wait_for_data, wait_until
+from tests.pending import delayed_nodes
+from tests.waiting import wait_for_data, wait_until
 from zktasks import InvalidTaskError
 
 
@@ -17,7 +18,7 @@ def test_run_after_is_not_run_before_its_time(backend, start_worker, zk_client):
     when = timezone.now() + timedelta(seconds=1.5)
     job = tasks.add.using(run_after=when).submit(1, 2)
     layout = backend.store.layout
-    assert len(zk_client.get_children(layout.delayed)) == 1  # waiting, not pending
+    assert len(delayed_nodes(zk_client, layout)) == 1  # waiting, not pending
     result = job.wait(timeout=30)
     assert result.return_value == 3
     assert result.started_at >= when
@@ -102,7 +103,7 @@ def test_delayed_job_can_be_cancelled(backend, start_worker, zk_client):
     job = tasks.add.using(run_after=timezone.now() + timedelta(seconds=30)).submit(1, 1)
     assert job.cancel() is True
     assert job.status == TaskResultStatus.FAILED
-    wait_for_children(zk_client, backend.store.layout.delayed, lambda c: c == [])
+    assert delayed_nodes(zk_client, backend.store.layout) == []  # gone in cancel's multi
 
 
 def test_invalid_retry_options_are_refused(backend):

@@ -6,7 +6,7 @@ from django.tasks.signals import task_enqueued
 
 import zktasks
 from tests import tasks
-from tests.pending import pending_nodes
+from tests.pending import delayed_nodes, pending_nodes
 from zktasks import pipeline
 
 
@@ -112,7 +112,7 @@ def test_delayed_jobs_in_a_fresh_tree_need_no_resend(backend, zk_client):
     assert pipe.resent == 0  # the skeleton (status/, delayed/) was made before sending
     for result in results:
         assert backend.get_result(result.id).status == TaskResultStatus.READY
-    assert len(zk_client.get_children(backend.store.layout.delayed)) == 5
+    assert len(delayed_nodes(zk_client, backend.store.layout)) == 5
 
 
 @pytest.mark.django_db
