@@ -789,13 +789,20 @@ def locate(monitor: Monitor, root: str, job_id: str) -> list[str]:
     """Where a job sits in the tree (pending, delayed, assigned), for the lost-job report."""
     places = []
     with contextlib.suppress(Exception):
-        for queue in monitor.children(f"{root}/jobs"):
-            for node in monitor.children(f"{root}/jobs/{queue}"):
-                if job_id in node:
-                    places.append(f"jobs/{queue}/{node}")
-        for node in monitor.children(f"{root}/delayed"):
-            if job_id in node:
-                places.append(f"delayed/{node}")
+        # Both are sharded two levels deep (zktasks/tree.py: jobs/{queue}/{shard}/{node},
+        # delayed/{minute}/{second}/{name}); a name directly below is from an older tree.
+        for top in ("jobs", "delayed"):
+            for first in monitor.children(f"{root}/{top}"):
+                if job_id in first:
+                    places.append(f"{top}/{first}")
+                    continue
+                for second in monitor.children(f"{root}/{top}/{first}"):
+                    if job_id in second:
+                        places.append(f"{top}/{first}/{second}")
+                        continue
+                    for node in monitor.children(f"{root}/{top}/{first}/{second}"):
+                        if job_id in node:
+                            places.append(f"{top}/{first}/{second}/{node}")
         live = set(monitor.children(f"{root}/workers"))
         for owner in monitor.children(f"{root}/assignments"):
             if job_id in monitor.children(f"{root}/assignments/{owner}"):
