@@ -373,21 +373,10 @@ class Reader:
                     total=total, exhausted=not more)
 
     def delayed_names(self) -> list[str]:
-        """Every delayed job's name, across its shards (delayed/{minute}/{second}/...),
-        plus any not migrated yet from an older tree. Lists are pipelined, level by level;
-        each stays small, but all of them are read (the page needs the total)."""
-        layout = self.layout
-        top = self.children(layout.delayed)
-        names = [n for n in top if parse_delayed_node(n)]
-        minutes = [m for m in top if is_delayed_shard(m)]
-        listed = _gather(self.client, [layout.delayed_minute(m) for m in minutes],
-                         "get_children")
-        shards = [layout.delayed_shard(m, sec) for m in minutes
-                  for sec in listed.get(layout.delayed_minute(m)) or ()
-                  if is_delayed_shard(sec)]
-        for found in _gather(self.client, shards, "get_children").values():
-            names += [n for n in found or () if parse_delayed_node(n)]
-        return names
+        """Every delayed job's name (see `_walk_delayed`); all are read: the page needs
+        the total."""
+        return _walk_delayed(self.layout,
+                             lambda paths: _gather(self.client, paths, "get_children"))
 
     def delayed(self, queue: str | None = None, *, after: str | None = None,
                 limit: int = PAGE_SIZE) -> Page:
@@ -730,6 +719,21 @@ def _missing(found) -> str:
     return "status record missing"
 
 
+def _walk_delayed(layout, list_many) -> list[str]:
+    """Every delayed job's name across its shards (delayed/{minute}/{second}/{name}), plus
+    any not migrated yet from an older tree, listing level by level with `list_many`
+    (paths -> {path: children or None}): pipelined, each list small."""
+    top = list_many([layout.delayed])[layout.delayed] or []
+    names = [n for n in top if parse_delayed_node(n)]
+    minutes = [layout.delayed_minute(m) for m in top if is_delayed_shard(m)]
+    listed = list_many(minutes)
+    shards = [f"{m}/{sec}" for m in minutes for sec in listed[m] or ()
+              if is_delayed_shard(sec)]
+    for found in list_many(shards).values():
+        names += [n for n in found or () if parse_delayed_node(n)]
+    return names
+
+
 def _gather(client, paths: list[str], op: str) -> dict:
     """Run one kazoo async op over many paths, ASYNC_BATCH in flight; NoNode maps to None."""
     call = {"get": client.get_async, "exists": client.exists_async,
@@ -1038,16 +1042,8 @@ class LiveState:
     def _delayed_names(self) -> list[str]:
         """Every delayed job's name, each list watched under the key "delayed" (a job
         added or promoted anywhere below delayed/ brings the counts up to date)."""
-        layout = self.layout
-        top = self._children([(layout.delayed, "delayed")])[layout.delayed] or []
-        names = [n for n in top if parse_delayed_node(n)]
-        minutes = [layout.delayed_minute(m) for m in top if is_delayed_shard(m)]
-        listed = self._children([(m, "delayed") for m in minutes])
-        shards = [f"{m}/{sec}" for m in minutes for sec in listed[m] or ()
-                  if is_delayed_shard(sec)]
-        for found in self._children([(p, "delayed") for p in shards]).values():
-            names += [n for n in found or () if parse_delayed_node(n)]
-        return names
+        return _walk_delayed(self.layout,
+                             lambda paths: self._children([(p, "delayed") for p in paths]))
 
     def _children(self, paths_keys: list[tuple[str, str]]) -> dict[str, list[str] | None]:
         """List children with a watch each (pipelined); a missing parent maps to None."""

@@ -15,6 +15,7 @@ import hmac
 from django.utils.crypto import constant_time_compare
 
 from .exceptions import PayloadVerificationError
+from .serialization import loads
 
 PAYLOAD = "payload"
 RESULT = "result"
@@ -66,6 +67,4 @@ def open_envelope(envelope, *, job_id: str, kind: str, key: str) -> bytes:
 
 def load(envelope, *, job_id: str, kind: str, key: str):
     """Verify an envelope, then unpickle it."""
-    from .serialization import loads
-
     return loads(open_envelope(envelope, job_id=job_id, kind=kind, key=key))

@@ -49,7 +49,6 @@ RECONCILE_EVERY = 30.0   # seconds between full re-reads even when no watch fire
 RELIST_EVERY = 0.1       # seconds: the most often a queue with local work is re-listed
 EXPIRE_EVERY = 10.0      # seconds: the longest between sweeps of expired results
 SHARD_GRACE = 2.0        # seconds: an empty shard is deleted once its second is this old
-DELAYED_HORIZON = 60.0   # seconds: due minutes starting within it are loaded ahead
 DELAYED_LOAD = 10_000     # due delayed names loaded at once (more once those are moved)
 DELAYED_GRACE = 60.0     # seconds past its minute before an empty delayed shard is deleted
 
@@ -377,7 +376,7 @@ class Leader:
             seconds = self.store.children(layout.delayed_minute(minute), watch=watch)
             self._seen(seconds)
             if not seconds and past:
-                self.store.delete_empty(self.fence, layout.delayed_minute(minute))
+                self._delete_empty(layout.delayed_minute(minute))
                 continue
             for second in sorted(seconds):
                 path = layout.delayed_shard(minute, second)
@@ -389,7 +388,7 @@ class Leader:
                 jobs = self.store.children(path, watch=watch)
                 self._seen(jobs)
                 if not jobs and past:
-                    self.store.delete_empty(self.fence, path)
+                    self._delete_empty(path)
                 for name in jobs:
                     if delayed_shards(name) != (minute, second):
                         self._move_aside(f"{path}/{name}", kind="foreign_name",
@@ -407,6 +406,11 @@ class Leader:
                 break
         self.delayed = sorted(due)
         self._delayed_next_ms = int(later[:13]) if later else None
+
+    def _delete_empty(self, path: str) -> None:
+        """Delete an empty delayed shard or minute: NotEmpty (a job just landed) and NoNode
+        (gone already) are fine; a failed fence means we no longer lead."""
+        self._raise_if_fence(self.store.delete_empty(self.fence, path))
 
     def _migrate_delayed(self, names: list[str]) -> None:
         """Move delayed jobs written before sharding into their shards (fenced batches)."""

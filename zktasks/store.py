@@ -762,11 +762,7 @@ class Store:
         A submitter racing with this either lands its job first (NotEmpty here) or
         meets NoNode and makes the shard again: no job is lost either way.
         """
-        def build(txn):
-            txn.check(fence, -1)
-            txn.delete(self.layout.shard(queue, shard))
-
-        return failures(self._commit_raw(build))
+        return self.delete_empty(fence, self.layout.shard(queue, shard))
 
     def move_unsharded(self, fence: str, queue: str, nodes: list[str]) -> list:
         """Move pending jobs written before sharding (jobs/{queue}/{node}) into their
@@ -782,9 +778,9 @@ class Store:
         return self.with_shards(lambda: self._commit_raw(build), waiting)
 
     def delete_empty(self, fence: str, path: str) -> list:
-        """Delete an empty delayed shard or due minute (fenced); return the failures
-        (NotEmpty, NoNode) if any. A writer racing with this meets NoNode and makes the
-        parents again (`make_shards`)."""
+        """Delete an empty shard, pending or delayed, or a due minute (fenced); return the
+        failures (NotEmpty, NoNode, the fence) if any. A writer racing with this meets
+        NoNode and makes the parents again (`make_shards`)."""
         def build(txn):
             txn.check(fence, -1)
             txn.delete(path)
