@@ -1,5 +1,6 @@
 """ZooKeeper goes away and comes back: nothing is lost, work goes on."""
 
+import secrets
 import threading
 
 import pytest
@@ -166,20 +167,25 @@ def test_pipelined_block_names_the_jobs_it_could_not_confirm(settings, own_serve
     from zktasks.exceptions import ZooKeeperUnavailableError
 
     use_zookeeper(settings, monkeypatch, own_server.hosts, zk_root, CONNECT_TIMEOUT=1.0)
+    backend = task_backends["default"]
     later = tasks.add.using(run_after=timezone.now() + timedelta(hours=1))
     results = []
     try:
-        with pytest.raises(ZooKeeperUnavailableError) as caught, zktasks.pipelined():
-            results.append(later.submit(0, 0))  # makes delayed/; its parent is now known
+        with pytest.raises(ZooKeeperUnavailableError) as caught, zktasks.pipelined() as pipe:
+            results.append(later.submit(0, 0))  # makes its shard, which the pipe now knows
             own_server.pause()
-            results += [later.submit(n, n) for n in (1, 2)]  # sent, never answered
+            for n in (1, 2):
+                # The first job's millisecond, so the same delayed shard: nothing to make
+                # first (a new second would need a synchronous create, and fail here).
+                job_id = f"{results[0].id[:12]}{0xff00 + n:04x}{secrets.token_hex(8)}"
+                record, result = backend.prepare(later, (n, n), {}, job_id=job_id)
+                results.append(pipe.send(record, result))  # sent, never answered
     finally:
         own_server.resume()
     message = str(caught.value)
     named = {r.id for r in results if r.id in message}
     assert {results[1].id, results[2].id} <= named
     assert "may not have been written" in message and "get_result" in message
-    backend = task_backends["default"]
     with backend.store.bounded(60.0):
         for result in results:
             if result.id not in named:
