@@ -80,7 +80,7 @@ class Sampler:
         self.layout = layout
         self.zk_pid = zk_pid
         self.procs = procs
-        self.max = {"shards_in_queue": 0, "jobs_in_a_shard": 0, "finished_bucket": 0,
+        self.max = {"shards_in_queue": 0, "jobs_in_a_shard": 0, "entries_in_a_finished_list": 0,
                     "delayed_minutes": 0, "shards_in_a_delayed_minute": 0,
                     "jobs_in_a_delayed_shard": 0}
         self.pending = 0
@@ -101,7 +101,7 @@ class Sampler:
         return out
 
     def sample(self) -> None:
-        from zktasks.tree import parse_shard
+        from zktasks.tree import finished_leaves, parse_shard
 
         queue = self.layout.queue("default")
         shards = [s for s in self._children(queue) if parse_shard(s)]
@@ -110,11 +110,14 @@ class Sampler:
         self.pending = sum(sizes)
         self.max["shards_in_queue"] = max(self.max["shards_in_queue"], len(shards))
         self.max["jobs_in_a_shard"] = max([self.max["jobs_in_a_shard"], *sizes])
-        buckets = self._children(self.layout.finished)
-        stats = self._stats([self.layout.finished_bucket(b) for b in buckets])
-        self.max["finished_bucket"] = max(
-            [self.max["finished_bucket"],
-             *(st.numChildren for st in stats.values() if st is not None)])
+        # The newest buckets' lists (a bucket's seconds; older entries directly in it):
+        # only those still grow.
+        leaves = finished_leaves(sorted(self._children(self.layout.finished))[-3:],
+                                 lambda rels: {r: self._children(
+                                     self.layout.finished_bucket(r)) for r in rels})
+        self.max["entries_in_a_finished_list"] = max(
+            [self.max["entries_in_a_finished_list"],
+             *(len(names) for found in leaves.values() for names in found.values())])
         minutes = self._children(self.layout.delayed)
         listed = {m: self._children(self.layout.delayed_minute(m)) for m in minutes}
         stats = self._stats([self.layout.delayed_shard(m, sec)
@@ -327,9 +330,14 @@ def main(argv=None) -> int:
             text = (work / f"{name}.log").read_text(errors="replace")
             errors += len(re.findall(r" ERROR |Traceback", text))
         figures["error_lines_in_worker_logs"] = errors
+        from zktasks.tree import finished_leaves
+
         figures["failed_in_index"] = sum(
-            1 for b in sampler._children(sampler.layout.finished)
-            for e in sampler._children(sampler.layout.finished_bucket(b)) if ".F." in e)
+            1 for found in finished_leaves(
+                sampler._children(sampler.layout.finished),
+                lambda rels: {r: sampler._children(sampler.layout.finished_bucket(r))
+                              for r in rels}).values()
+            for names in found.values() for e in names if ".F." in e)
         print(json.dumps(figures, indent=2), flush=True)
         if args.out:
             Path(args.out).write_text(json.dumps(figures, indent=2) + "\n")

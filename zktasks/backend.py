@@ -499,7 +499,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             changes["extra"] = {**record.extra,
                                 "requeued": [*record.extra.get("requeued", []), note]}
         again = record.evolve(**changes)
-        index = store.index_path(record) if failed else None
+        index = store.find_index_entry(record) if failed else None
         store.ensure_queue(record.queue)
         waiting = store.waiting_path(again)
         status_path = store.layout.status(record.id)

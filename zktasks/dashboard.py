@@ -43,6 +43,10 @@ from .store import TRANSIENT, Store
 from .tree import (
     BUCKET_MS,
     bucket_start,
+    finished_bucket,
+    finished_entry,
+    finished_leaf,
+    finished_leaves,
     is_delayed_shard,
     parse_bucket,
     parse_delayed_node,
@@ -456,6 +460,14 @@ class Reader:
         return sorted((b for b in self.children(self.layout.finished) if parse_bucket(b)),
                       reverse=True)
 
+    def bucket_leaves(self, buckets: list[str]) -> dict[str, dict[str, list[str]]]:
+        """Each bucket's leaves and their names (tree.finished_leaves), pipelined."""
+        def list_many(relatives):
+            found = _gather(self.client, [self.layout.finished_bucket(r) for r in relatives],
+                            "get_children")
+            return {r: found.get(self.layout.finished_bucket(r)) for r in relatives}
+        return finished_leaves(buckets, list_many)
+
     def _index(self, cursor: str | None, state: str | None,
                stopped: dict) -> Iterator[tuple[str, str]]:
         """Yield (bucket/job_id cursor, job_id) of finished jobs, newest first.
@@ -479,13 +491,11 @@ class Reader:
         while first < len(starts):
             batch = starts[first:first + size]
             first, size = first + size, min(size * 2, 64)
-            names = _gather(self.client, [self.layout.finished_bucket(b)
-                                          for start in batch for b in groups[start]],
-                            "get_children")
+            leaves = self.bucket_leaves([b for start in batch for b in groups[start]])
             for start in batch:
                 entries = set()
                 for bucket in groups[start]:
-                    for name in names.get(self.layout.finished_bucket(bucket)) or ():
+                    for name in (n for names in leaves[bucket].values() for n in names):
                         parsed = parse_finished_entry(name)
                         if parsed and (code is None or parsed[1] == code):
                             entries.add(parsed[0])
@@ -610,12 +620,11 @@ class Reader:
             candidates.append(("assigned", layout.assignment(record.worker_ids[-1],
                                                              record.id)))
         if record.finished_at is not None:
-            from .tree import finished_bucket, finished_entry
-
-            bucket = finished_bucket(int(record.finished_at.timestamp() * 1000),
-                                     record.result_ttl)
-            candidates.append(("finished index", layout.finished_entry(
-                bucket, finished_entry(record.id, record.state, record.queue))))
+            finished_ms = int(record.finished_at.timestamp() * 1000)
+            entry = finished_entry(record.id, record.state, record.queue)
+            for leaf in (finished_leaf(finished_ms, record.result_ttl),  # or, if older,
+                         finished_bucket(finished_ms, record.result_ttl)):  # directly
+                candidates.append(("finished index", layout.finished_entry(leaf, entry)))
         present = self.exists_many(p for _, p in candidates)
         return [(label, path) for label, path in candidates if present.get(path)]
 
@@ -1140,13 +1149,23 @@ class LiveState:
             bucket_names = {b for b in listed if parse_bucket(b)}
         read_buckets = [b for b in bucket_names
                         if full or f"b:{b}" in dirty or b not in self.buckets]
-        listed_buckets = self._children([(layout.finished_bucket(b), f"b:{b}")
-                                         for b in read_buckets])
+        # A bucket and its seconds are watched under one key: a change in any of them
+        # lists the bucket's (at most 11) lists again.
+        gone = set()
+
+        def list_many(relatives):
+            found = self._children([(layout.finished_bucket(r), f"b:{r.split('/', 1)[0]}")
+                                    for r in relatives])
+            out = {r: found.get(layout.finished_bucket(r)) for r in relatives}
+            gone.update(r for r, names in out.items() if names is None)
+            return out
+
+        listed_buckets = finished_leaves(read_buckets, list_many)
         buckets = {}
         for b in read_buckets:
-            names = listed_buckets.get(layout.finished_bucket(b))
-            if names is not None:
-                buckets[b] = _count_bucket(names)
+            if b not in gone:
+                buckets[b] = _count_bucket([n for names in listed_buckets[b].values()
+                                            for n in names])
 
         # Jobs somebody is looking at.
         with self._lock:

@@ -36,6 +36,8 @@ from .tree import (
     delayed_node_name,
     finished_bucket,
     finished_entry,
+    finished_leaf,
+    finished_leaves,
     job_node_name,
     parse_bucket,
     parse_finished_entry,
@@ -496,14 +498,28 @@ class Store:
         so every writer of a final state, and retry() removing it, agree on the path.
         """
         finished_ms = int(record.finished_at.timestamp() * 1000)
-        bucket = finished_bucket(finished_ms, record.result_ttl)
-        if bucket not in self._buckets_made:
-            self.retry(self.client.ensure_path, self.layout.finished_bucket(bucket))
-            self._buckets_made.add(bucket)
-            if len(self._buckets_made) > 64:  # keep the cache small: buckets only grow
-                self._buckets_made = {bucket}
+        leaf = finished_leaf(finished_ms, record.result_ttl)
+        if leaf not in self._buckets_made:
+            # One create when the bucket exists (kazoo's ensure_path makes the parent
+            # only on NoNode); a worker makes each second at most once.
+            self.retry(self.client.ensure_path, self.layout.finished_bucket(leaf))
+            self._buckets_made.add(leaf)
+            if len(self._buckets_made) > 64:  # keep the cache small: leaves only grow
+                self._buckets_made = {leaf}
         return self.layout.finished_entry(
-            bucket, finished_entry(record.id, record.state, record.queue))
+            leaf, finished_entry(record.id, record.state, record.queue))
+
+    def find_index_entry(self, record: StatusRecord) -> str | None:
+        """Where a finished record's index entry is: in its bucket's second, or directly
+        in the bucket (entries written before seconds); None if neither holds it."""
+        finished_ms = int(record.finished_at.timestamp() * 1000)
+        entry = finished_entry(record.id, record.state, record.queue)
+        for leaf in (finished_leaf(finished_ms, record.result_ttl),
+                     finished_bucket(finished_ms, record.result_ttl)):
+            path = self.layout.finished_entry(leaf, entry)
+            if self.retry(self.client.exists, path) is not None:
+                return path
+        return None
 
     def forget_bucket_if_gone(self, index: str | None, failed) -> bool:
         """Tell whether a refused finishing multi failed because its index bucket was
@@ -514,7 +530,7 @@ class Store:
         parent = index.rsplit("/", 1)[0]
         if self.retry(self.client.exists, parent) is not None:
             return False
-        self._buckets_made.discard(parent.rsplit("/", 1)[1])
+        self._buckets_made.discard(parent[len(self.layout.finished) + 1:])
         return True
 
     def buckets(self) -> list[str]:
@@ -543,8 +559,9 @@ class Store:
         for start in sorted(groups, reverse=True):
             if cutoff and start > cutoff[0]:
                 continue
-            names = [n for bucket in groups[start]
-                     for n in self.children(self.layout.finished_bucket(bucket))]
+            leaves = self.bucket_leaves(groups[start])
+            names = [n for bucket in groups[start] for found in leaves[bucket].values()
+                     for n in found]
             for job_id in sorted({p[0] for n in names if (p := parse_finished_entry(n))},
                                  reverse=True):
                 if cutoff and start == cutoff[0] and job_id >= cutoff[1]:
@@ -595,25 +612,35 @@ class Store:
         """
         deleted = 0
         for bucket in buckets:
-            parent = self.layout.finished_bucket(bucket)
-            entries = [n for n in self.children(parent)
-                       if (parsed := parse_finished_entry(n)) and parsed[1] in states]
-            for start in range(0, len(entries), 50):
-                deleted += self._delete_entries(fence, bucket, entries[start:start + 50])
-            try:
-                self.retry(self.client.delete, parent)  # fails while other entries remain
-            except (NoNodeError, NotEmptyError):
-                pass
-            self._buckets_made.discard(bucket)
+            leaves = self.bucket_leaves([bucket])[bucket]
+            for leaf, names in leaves.items():
+                entries = [n for n in names
+                           if (parsed := parse_finished_entry(n)) and parsed[1] in states]
+                for start in range(0, len(entries), 50):
+                    deleted += self._delete_entries(fence, leaf, entries[start:start + 50])
+            # Seconds first, then the bucket; each fails while other entries remain (a
+            # purge of one state, a foreign name, a late finish): kept for next time.
+            for leaf in [*(leaf for leaf in leaves if leaf != bucket), bucket]:
+                try:
+                    self.retry(self.client.delete, self.layout.finished_bucket(leaf))
+                except (NoNodeError, NotEmptyError):
+                    pass
+            self._buckets_made = {leaf for leaf in self._buckets_made
+                                  if leaf.split("/", 1)[0] != bucket}
         return deleted
 
-    def _delete_entries(self, fence, bucket, entries) -> int:
+    def bucket_leaves(self, buckets: list[str]) -> dict[str, dict[str, list[str]]]:
+        """Each bucket's leaves and their names (tree.finished_leaves), listed here."""
+        return finished_leaves(buckets, lambda relatives: {
+            r: self.children(self.layout.finished_bucket(r)) for r in relatives})
+
+    def _delete_entries(self, fence, leaf, entries) -> int:
         def build(txn, entries=entries):
             if fence:
                 txn.check(fence, -1)
             for name in entries:
                 txn.delete(self.layout.status(parse_finished_entry(name)[0]))
-                txn.delete(self.layout.finished_entry(bucket, name))
+                txn.delete(self.layout.finished_entry(leaf, name))
 
         results = self._commit_raw(build)
         failed = failures(results)
@@ -623,7 +650,7 @@ class Store:
             raise NoNodeError(f"fence {fence} is gone")
         if len(entries) == 1:
             return 0
-        return sum(self._delete_entries(fence, bucket, [e]) for e in entries)
+        return sum(self._delete_entries(fence, leaf, [e]) for e in entries)
 
     def drop_assignment(self, worker_id: str, job_id: str) -> None:
         try:

@@ -56,10 +56,16 @@ LAYOUT = (
      "a 10-second bucket of the finished index: finish times from bucket_ms on, of jobs "
      "kept for RESULT_TTL (no suffix) or for their own result_ttl of ttl_s seconds. It "
      "expires at bucket_ms + 10 s + its TTL; the leader then deletes it and its jobs"),
-    ("{root}/finished/{bucket}/{job_id}.{S|F}.{queue}", "PERSISTENT",
+    ("{root}/finished/{bucket}/{second}", "PERSISTENT",
+     "whoever records a final state (made on first use)",
+     "one second of a bucket: the last digit of the finish second (0-9), so one list "
+     "holds a second of finishes (1 MB is ~20,000 of them) while finished/ still holds "
+     "one name per 10 seconds; deleted with its bucket; no data"),
+    ("{root}/finished/{bucket}/{second}/{job_id}.{S|F}.{queue}", "PERSISTENT",
      "whoever records a final state (in the same multi)",
      "index of finished jobs: result expiry, purge and the dashboard's newest-first "
-     "pages list buckets (merging those of one bucket_ms), never status/; no data"),
+     "pages list buckets (merging those of one bucket_ms), never status/; no data. "
+     "Entries directly in a bucket (before seconds) are read and expired alike"),
     ("{root}/unique/{sha256(unique_key)}", "PERSISTENT",
      "submitters (with the job, in one multi); removed when the job finishes",
      "JSON: job_id, key. Its existence makes a second submit with the key return the "
@@ -246,6 +252,48 @@ def bucket_start(name: str) -> str:
     return name[:13]
 
 
+_SECOND_RE = re.compile(r"^[0-9]$")
+
+
+def finished_leaf(finished_ms: int, ttl: float | None = None) -> str:
+    """Name, relative to finished/, the list an index entry goes in: its bucket and the
+    second of the finish inside it ("1700000010000/3", "1700000010000-60/3").
+
+    Why a second level: a bucket of 10 s passed ZooKeeper's 1 MB response limit at about
+    2,300 finishes/s (bench/scale.py, a million jobs); a list per second holds ten times
+    that, and finished/ keeps one name per 10 s for the leader to list.
+    """
+    return f"{finished_bucket(finished_ms, ttl)}/{finished_ms // 1000 % 10}"
+
+
+def is_finished_second(name: str) -> bool:
+    """Tell a bucket's second (a leaf list) from an entry written directly in it."""
+    return bool(_SECOND_RE.match(name))
+
+
+def finished_leaves(buckets, list_many) -> dict[str, dict[str, list[str]]]:
+    """Map each bucket to its leaves and their names: {bucket: {leaf: names}}.
+
+    A leaf is relative to finished/: "bucket/second", or the bucket itself when it holds
+    entries directly (written before seconds existed). `list_many(relatives)` lists
+    several at once and returns {relative: names, or None if gone}; this function does
+    no I/O of its own, so the store, the dashboard and its live cache each list in
+    their own way (plain, pipelined, watched). A missing bucket maps to {}.
+    """
+    out: dict[str, dict[str, list[str]]] = {}
+    seconds = []
+    listed = list_many(list(buckets))
+    for bucket in buckets:
+        names = listed.get(bucket) or []
+        direct = [n for n in names if not is_finished_second(n)]
+        out[bucket] = {bucket: direct} if direct else {}
+        seconds += [f"{bucket}/{n}" for n in sorted(names) if is_finished_second(n)]
+    listed = list_many(seconds) if seconds else {}
+    for leaf in seconds:
+        out[leaf.split("/", 1)[0]][leaf] = listed.get(leaf) or []
+    return out
+
+
 def finished_entry(job_id: str, state: str, queue: str) -> str:
     """Name an index entry: the job, its final state (S or F) and its queue, so counts by
     state and queue need no reads."""
@@ -308,10 +356,12 @@ class Layout:
         return f"{self.root}/finished"
 
     def finished_bucket(self, bucket: str) -> str:
+        """A bucket, or any leaf below finished/ ("bucket/second")."""
         return f"{self.finished}/{bucket}"
 
-    def finished_entry(self, bucket: str, entry: str) -> str:
-        return f"{self.finished}/{bucket}/{entry}"
+    def finished_entry(self, leaf: str, entry: str) -> str:
+        """An index entry in a leaf ("bucket/second", or a bucket for older entries)."""
+        return f"{self.finished}/{leaf}/{entry}"
 
     @property
     def unique(self) -> str:

@@ -14,6 +14,8 @@ from zktasks.tree import (
     bucket_expiry_ms,
     bucket_start,
     finished_bucket,
+    finished_leaf,
+    finished_leaves,
     job_node_name,
     new_job_id,
     parse_bucket,
@@ -89,6 +91,30 @@ def test_finished_bucket_names_carry_a_per_task_ttl():
     names = sorted(["1700000020000", "1700000010000-30", "1700000010000",
                     "1700000010000-5"])
     assert [bucket_start(n) for n in names] == ["1700000010000"] * 3 + ["1700000020000"]
+
+
+def test_finished_leaves_are_a_bucket_s_seconds_and_older_direct_entries():
+    ms = 1_700_000_012_345
+    assert finished_leaf(ms) == "1700000010000/2"
+    assert finished_leaf(ms, 60) == "1700000010000-60/2"
+    assert finished_leaf(1_700_000_019_999) == "1700000010000/9"
+    entry = "a" * 32 + ".S.default"
+    tree = {"1700000010000": ["3", "0", entry], "1700000010000/0": ["b" * 32 + ".F.q"],
+            "1700000010000/3": [], "1700000020000": ["7"], "1700000020000/7": None}
+    asked = []
+
+    def list_many(relatives):
+        asked.append(sorted(relatives))
+        return {r: tree.get(r) for r in relatives}
+
+    leaves = finished_leaves(["1700000010000", "1700000020000", "1700000030000"], list_many)
+    assert leaves == {
+        "1700000010000": {"1700000010000": [entry], "1700000010000/0": ["b" * 32 + ".F.q"],
+                          "1700000010000/3": []},
+        "1700000020000": {"1700000020000/7": []},   # a second deleted meanwhile
+        "1700000030000": {},                         # a bucket deleted meanwhile
+    }
+    assert len(asked) == 2  # buckets in one call, then all their seconds in one
 
 
 def test_status_record_result_ttl_is_optional_and_old_records_load():

@@ -1,0 +1,111 @@
+"""The finished index on a real ZooKeeper (tree.LAYOUT: finished/{bucket}/{second}/{entry}):
+where a finish is indexed, and entries written directly in a bucket (before seconds) read,
+counted, retried and expired alike."""
+
+from datetime import timedelta
+
+import pytest
+from django.tasks import TaskResultStatus
+
+from tests import tasks
+from tests.conftest import use_zookeeper
+from tests.waiting import wait_for_children, wait_for_deletion, wait_until
+from zktasks import dashboard, records
+from zktasks.records import StatusRecord
+from zktasks.tree import (
+    finished_bucket,
+    finished_entry,
+    finished_leaf,
+    is_finished_second,
+    new_job_id,
+)
+
+
+@pytest.fixture
+def zk_settings(settings, zk_hosts, zk_root, monkeypatch, request):
+    """Overrides the suite's fixture: the global RESULT_TTL is the test's parameter."""
+    ttl = getattr(request, "param", 86400)
+    return use_zookeeper(settings, monkeypatch, zk_hosts, zk_root, RESULT_TTL=ttl)
+
+
+def entry_of(job, state) -> tuple[int, str]:
+    return (int(job.finished_at.timestamp() * 1000),
+            finished_entry(job.id, state, "default"))
+
+
+def test_a_finish_is_indexed_in_the_second_of_its_bucket(backend, start_worker, zk_client):
+    start_worker()
+    jobs = [tasks.add.submit(i, i) for i in range(3)]
+    for job in jobs:
+        assert job.wait(timeout=30).status == TaskResultStatus.SUCCESSFUL
+    layout = backend.store.layout
+    for job in jobs:
+        ms, entry = entry_of(job, records.SUCCESSFUL)
+        leaf = finished_leaf(ms)
+        assert leaf == f"{finished_bucket(ms)}/{ms // 1000 % 10}"
+        assert zk_client.exists(layout.finished_entry(leaf, entry)) is not None
+    for bucket in zk_client.get_children(layout.finished):
+        seconds = zk_client.get_children(layout.finished_bucket(bucket))
+        assert seconds and all(is_finished_second(s) for s in seconds)
+    assert set(backend.store.recent_finished(10)) == {j.id for j in jobs}
+
+
+def test_entries_written_directly_in_a_bucket_are_read_counted_and_retried(
+        backend, start_worker, zk_client):
+    """A tree written before seconds existed: the entry sits directly in its bucket."""
+    start_worker()
+    ok = tasks.add.submit(1, 1)
+    bad = tasks.flaky.using(max_attempts=1).submit(2)
+    assert ok.wait(timeout=30).status == TaskResultStatus.SUCCESSFUL
+    assert bad.wait(timeout=30).status == TaskResultStatus.FAILED
+    layout = backend.store.layout
+    ms, entry = entry_of(bad, records.FAILED)
+    old = layout.finished_entry(finished_bucket(ms), entry)
+    txn = zk_client.transaction()
+    txn.delete(layout.finished_entry(finished_leaf(ms), entry))
+    txn.create(old, b"")
+    assert not [r for r in txn.commit() if isinstance(r, Exception)]
+
+    assert set(backend.store.recent_finished(10)) == {ok.id, bad.id}
+    reader = dashboard.Reader(backend)
+    assert [r.id for r in reader.results(state="FAILED").rows] == [bad.id]
+    assert ("finished index", old) in reader._places(backend.store.read_status(bad.id).record)
+    state = dashboard.live_state(backend)
+    wait_until(lambda: state.snapshot()["totals"]["failed"] == 1, 20, "counts")
+    assert state.snapshot()["totals"]["succeeded"] == 1
+
+    # retry() finds the entry where it is and removes it in its multi.
+    assert backend.retry(bad.id) is True
+    assert zk_client.exists(old) is None
+    assert bad.wait(timeout=30).status == TaskResultStatus.SUCCESSFUL
+    ms, entry = entry_of(bad, records.SUCCESSFUL)
+    assert zk_client.exists(layout.finished_entry(finished_leaf(ms), entry)) is not None
+
+
+@pytest.mark.parametrize("zk_settings", [1], indirect=True)
+def test_the_leader_expires_seconds_and_entries_written_directly_in_a_bucket(
+        backend, start_worker, zk_client):
+    """A bucket a minute old holding both layouts, made in one multi (so the leader sees
+    all of it or none): the leader deletes the records, the seconds and the bucket."""
+    layout = backend.store.layout
+    finished = records.now() - timedelta(minutes=1)
+    ms = int(finished.timestamp() * 1000)
+    ids = [new_job_id(), new_job_id()]
+    for path in layout.skeleton():
+        zk_client.ensure_path(path)
+    txn = zk_client.transaction()
+    txn.create(layout.finished_bucket(finished_bucket(ms)), b"")
+    txn.create(layout.finished_bucket(finished_leaf(ms)), b"")
+    for job_id, leaf in zip(ids, (finished_bucket(ms), finished_leaf(ms)), strict=True):
+        record = StatusRecord(id=job_id, task="tests.tasks.add", backend="default",
+                              queue="default", priority=0, state=records.SUCCESSFUL,
+                              enqueued_at=finished, finished_at=finished, attempts=1)
+        txn.create(layout.status(job_id), record.to_bytes())
+        txn.create(layout.finished_entry(leaf, finished_entry(job_id, records.SUCCESSFUL,
+                                                              "default")), b"")
+    assert not [r for r in txn.commit() if isinstance(r, Exception)]
+
+    start_worker()
+    for job_id in ids:
+        wait_for_deletion(zk_client, layout.status(job_id), timeout=30)
+    wait_for_children(zk_client, layout.finished, lambda c: c == [], timeout=30)
