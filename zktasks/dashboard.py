@@ -24,6 +24,7 @@ import os
 import reprlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -43,6 +44,7 @@ from .store import TRANSIENT, Store
 from .tree import (
     BUCKET_MS,
     bucket_start,
+    delayed_shards,
     finished_bucket,
     finished_entry,
     finished_leaf,
@@ -376,21 +378,54 @@ class Reader:
         return Page(rows=rows, next_cursor=chosen[-1] if more and chosen else None,
                     total=total, exhausted=not more)
 
-    def delayed_names(self) -> list[str]:
-        """Every delayed job's name (see `_walk_delayed`); all are read: the page needs
-        the total."""
-        return _walk_delayed(self.layout,
-                             lambda paths: _gather(self.client, paths, "get_children"))
+    def delayed_places(self) -> tuple[list[str], dict[str, list[str]], dict[str, object]]:
+        """Where delayed jobs wait: (names directly in delayed/, not migrated yet;
+        {minute: its shards, ascending}; {shard path: stat or None}). Lists only the
+        two levels of parents and stats the shards: no job name is read."""
+        layout = self.layout
+        top = self.children(layout.delayed)
+        minutes = sorted(m for m in top if is_delayed_shard(m))
+        listed = _gather(self.client, [layout.delayed_minute(m) for m in minutes],
+                         "get_children")
+        shards = {m: sorted(s for s in listed.get(layout.delayed_minute(m)) or ()
+                            if is_delayed_shard(s)) for m in minutes}
+        stats = _gather(self.client, [layout.delayed_shard(m, s)
+                                      for m in minutes for s in shards[m]], "exists")
+        return [n for n in top if parse_delayed_node(n)], shards, stats
 
     def delayed(self, queue: str | None = None, *, after: str | None = None,
                 limit: int = PAGE_SIZE) -> Page:
-        """Jobs waiting for their run_after or retry backoff, the first due first."""
-        names = sorted(n for n in self.delayed_names()
-                       if queue is None or parse_delayed_node(n)[3] == queue)
-        start = 0
-        if after:
-            start = next((i for i, n in enumerate(names) if n > after), len(names))
-        chosen = names[start:start + limit]
+        """Jobs waiting for their run_after or retry backoff, the first due first.
+
+        Names sort by due time and shards are grouped by due minute, so only the minutes
+        holding this page are listed, from the cursor's on, never the whole set. The
+        total comes from the shards' stats; with a queue filter it is known only when the
+        walk reached the last minute (None otherwise: the page says so).
+        """
+        layout = self.layout
+        flat, shards, stats = self.delayed_places()
+        first = (delayed_shards(after) or ("",))[0] if after else ""
+
+        def wanted(name):
+            parsed = parse_delayed_node(name)
+            return parsed and (queue is None or parsed[3] == queue)
+
+        names = [n for n in flat if wanted(n)]
+        walked = [m for m in shards if m >= first]
+        for n, minute in enumerate(walked):
+            found = _gather(self.client, [layout.delayed_shard(minute, s)
+                                          for s in shards[minute]], "get_children")
+            names += [name for listed in found.values() for name in listed or ()
+                      if wanted(name)]
+            if sum(1 for name in names if not after or name > after) > limit:
+                walked = walked[:n + 1]
+                break
+        if queue is None:
+            total = len(flat) + sum(st.numChildren for st in stats.values() if st)
+        else:
+            total = len(names) if not after and walked == list(shards) else None
+        names = sorted(n for n in names if not after or n > after)
+        chosen = names[:limit]
         found = self.statuses(parse_delayed_node(n)[2] for n in chosen)
         rows = []
         for name in chosen:
@@ -402,9 +437,9 @@ class Reader:
                 rows.append(JobRow(id=job_id, queue=q, priority=priority,
                                    run_after=ms_to_datetime(due_ms), note=name, state="?",
                                    error=_missing(record)))
-        more = start + limit < len(names)
+        more = len(names) > limit
         return Page(rows=rows, next_cursor=chosen[-1] if more and chosen else None,
-                    total=len(names), exhausted=not more)
+                    total=total, exhausted=not more)
 
     # -- workers and assignments -------------------------------------------------------
 
@@ -728,21 +763,6 @@ def _missing(found) -> str:
     return "status record missing"
 
 
-def _walk_delayed(layout, list_many) -> list[str]:
-    """Every delayed job's name across its shards (delayed/{minute}/{second}/{name}), plus
-    any not migrated yet from an older tree, listing level by level with `list_many`
-    (paths -> {path: children or None}): pipelined, each list small."""
-    top = list_many([layout.delayed])[layout.delayed] or []
-    names = [n for n in top if parse_delayed_node(n)]
-    minutes = [layout.delayed_minute(m) for m in top if is_delayed_shard(m)]
-    listed = list_many(minutes)
-    shards = [f"{m}/{sec}" for m in minutes for sec in listed[m] or ()
-              if is_delayed_shard(sec)]
-    for found in list_many(shards).values():
-        names += [n for n in found or () if parse_delayed_node(n)]
-    return names
-
-
 def _gather(client, paths: list[str], op: str) -> dict:
     """Run one kazoo async op over many paths, ASYNC_BATCH in flight; NoNode maps to None."""
     call = {"get": client.get_async, "exists": client.exists_async,
@@ -816,6 +836,8 @@ class LiveState:
         self.assigned_queue: dict[str, str] = {}
         self.pending: dict[str, int] = {}
         self._sharded: set[str] = set()  # queues with shards: their counts are polled
+        # Delayed shards (path -> (cversion, Counter per queue)): polled the same way.
+        self._delayed_cache: dict[str, tuple[int, Counter]] = {}
         self.delayed: dict[str, int] = {}
         self.leader: dict | None = None
         self.buckets: dict[str, _Bucket] = {}
@@ -1001,6 +1023,12 @@ class LiveState:
                 self._dirty |= {f"q:{q}" for q in self._sharded
                                 if now - self._last_read.get(f"q:{q}", 0.0)
                                 >= self.MIN_INTERVAL}
+                # The same for delayed shards: a stat each (BIG_INTERVAL past BIG of
+                # them), and a list of those whose children changed.
+                if self._delayed_cache and now - self._last_read.get("delayed", 0.0) >= (
+                        self.MIN_INTERVAL if len(self._delayed_cache) <= self.BIG
+                        else self.BIG_INTERVAL):
+                    self._dirty.add("delayed")
                 if "*" in self._dirty:
                     dirty, self._dirty = self._dirty, set()
                 else:
@@ -1048,11 +1076,39 @@ class LiveState:
         self._last_read[key] = time.monotonic()
         self._last_read["size:" + key] = size
 
-    def _delayed_names(self) -> list[str]:
-        """Every delayed job's name, each list watched under the key "delayed" (a job
-        added or promoted anywhere below delayed/ brings the counts up to date)."""
-        return _walk_delayed(self.layout,
-                             lambda paths: self._children([(p, "delayed") for p in paths]))
+    def _delayed_counts(self) -> dict[str, int]:
+        """Delayed jobs per queue, listing only the shards that changed.
+
+        delayed/ and its minutes are listed with a watch (key "delayed": a shard made or
+        deleted). The shards are stat'ed; only those whose children changed since they
+        were last listed (another cversion) are listed again, without a watch: a shard
+        being promoted would fire one on every batch the leader moves, and relisting
+        every shard then read every delayed name, a million of them at scale. Jobs added
+        to or promoted from a shard are caught by the poll in _run instead.
+        """
+        layout = self.layout
+        top = self._children([(layout.delayed, "delayed")])[layout.delayed] or []
+        minutes = [layout.delayed_minute(m) for m in top if is_delayed_shard(m)]
+        listed = self._children([(m, "delayed") for m in minutes])
+        paths = [f"{m}/{sec}" for m in minutes for sec in listed.get(m) or ()
+                 if is_delayed_shard(sec)]
+        stats = _gather(self.client, paths, "exists")
+        changed = [p for p in paths if stats.get(p) is not None
+                   and self._delayed_cache.get(p, (None,))[0] != stats[p].cversion]
+        found = _gather(self.client, changed, "get_children")
+        cache = {}
+        for path in paths:
+            if path in changed:
+                if found.get(path) is not None:  # None: deleted since its stat
+                    cache[path] = (stats[path].cversion, Counter(
+                        parsed[3] for n in found[path] if (parsed := parse_delayed_node(n))))
+            elif path in self._delayed_cache and stats.get(path) is not None:
+                cache[path] = self._delayed_cache[path]
+        self._delayed_cache = cache
+        counts = Counter(parsed[3] for n in top if (parsed := parse_delayed_node(n)))
+        for _, per_queue in cache.values():
+            counts.update(per_queue)
+        return dict(counts)
 
     def _children(self, paths_keys: list[tuple[str, str]]) -> dict[str, list[str] | None]:
         """List children with a watch each (pipelined); a missing parent maps to None."""
@@ -1128,12 +1184,7 @@ class LiveState:
         shard_stats = _gather(self.client, [
             layout.shard(q, n) for q in read_queues
             for n in listed_queues.get(layout.queue(q)) or () if parse_shard(n)], "exists")
-        delayed = None
-        if full or "delayed" in dirty:
-            delayed = {}
-            for name in self._delayed_names():
-                parsed = parse_delayed_node(name)
-                delayed[parsed[3]] = delayed.get(parsed[3], 0) + 1
+        delayed = self._delayed_counts() if full or "delayed" in dirty else None
         leader = self.leader
         if full or "leader" in dirty:
             leader = self._read_leader()

@@ -6,6 +6,7 @@ confirmed on a page of their own, logged in the admin log and reported with mess
 When ZooKeeper cannot be read, a page says so in a banner (HTTP 503), never a 500.
 """
 
+import dataclasses
 import re
 from datetime import datetime, timedelta
 
@@ -233,6 +234,9 @@ class DashboardViews:
                 queue = next((q["name"] for q in live["queues"] if q["pending"]), queues[0])
             if kind == "delayed":
                 page = reader.delayed(queue or None, after=after, limit=dashboard.PAGE_SIZE)
+                if page.total is None:  # a queue's total: the live cache counts it
+                    page = dataclasses.replace(page, total=next(
+                        (q["delayed"] for q in live["queues"] if q["name"] == queue), None))
             elif queue:
                 page = reader.pending(queue, after=after, limit=dashboard.PAGE_SIZE)
             else:

@@ -69,7 +69,7 @@ def test_a_flat_delayed_tree_is_migrated_by_the_leader(backend, start_worker, zk
     assert all(is_delayed_shard(n) for n in zk_client.get_children(layout.delayed))
 
 
-def test_the_dashboard_counts_and_lists_delayed_jobs_across_shards(backend):
+def test_the_dashboard_counts_and_lists_delayed_jobs_across_shards(backend, zk_client):
     from tests.waiting import wait_until
     from zktasks import dashboard
 
@@ -85,10 +85,41 @@ def test_the_dashboard_counts_and_lists_delayed_jobs_across_shards(backend):
     assert [r.id for r in rest.rows] == [jobs[1].id, jobs[2].id]
     assert reader.delayed("emails").total == 1
 
+    # A page lists only the due minutes it needs: it stops at the minute that brings
+    # one name more than the page holds; the filtered total is known only once the
+    # walk reached the end.
+    listed = []
+    real = reader.client.get_children_async
+
+    def counted(path, *args, **kwargs):  # counts, and goes on to the real server
+        listed.append(path)
+        return real(path, *args, **kwargs)
+
+    reader.client.get_children_async = counted
+    try:
+        page = reader.delayed(limit=1)
+        assert [r.id for r in page.rows] == [jobs[0].id] and page.total == 4
+        depth = backend.store.layout.delayed.count("/") + 2
+        shards = {p for p in listed if p.count("/") == depth}
+        # jobs[0]'s minute, then mail's (one more name, to know a next page exists);
+        # not the minutes an hour and two hours on.
+        assert len(shards) == 2 and page.next_cursor
+        page = reader.delayed("default", after=page.next_cursor, limit=1)
+        assert [r.id for r in page.rows] == [jobs[1].id] and page.total is None
+    finally:
+        reader.client.get_children_async = real
+
     state = dashboard.live_state(backend)
     wait_until(lambda: state.snapshot()["totals"]["delayed"] == 4, 20, "counts")
     counts = {q["name"]: q["delayed"] for q in state.snapshot()["queues"]}
     assert counts == {"default": 3, "emails": 1}
+    # A job leaving a shard that stays (no leader runs here to sweep it) fires no watch
+    # the cache holds: the poll sees the shard's cversion move and lists that shard.
+    assert backend.cancel(mail.id) is True
+    assert len(delayed_nodes(zk_client, backend.store.layout)) == 3
+    wait_until(lambda: state.snapshot()["totals"]["delayed"] == 3, 20, "the new count")
+    counts = {q["name"]: q["delayed"] for q in state.snapshot()["queues"]}
+    assert counts["default"] == 3 and not counts.get("emails")
 
 
 def test_more_due_jobs_than_the_leader_loads_at_once_all_run(backend, start_worker,
