@@ -25,6 +25,8 @@ class Options:
     auth: str | None
     signing_key: str
     max_record_bytes: int
+    dead_letter_ttl: float | None = 30 * 86400
+    dead_letter_limit: int = 1000
     schedules: tuple = ()
 
     @property
@@ -39,7 +41,8 @@ class Options:
         where = f"TASKS[{alias!r}]['OPTIONS']"
         known = {
             "HOSTS", "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "RESULT_TTL", "AUTH",
-            "SIGNING_KEY", "MAX_RECORD_BYTES", "SCHEDULES",
+            "SIGNING_KEY", "MAX_RECORD_BYTES", "SCHEDULES", "DEAD_LETTER_TTL",
+            "DEAD_LETTER_LIMIT",
         }
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -91,6 +94,16 @@ class Options:
                 f"{where}['MAX_RECORD_BYTES'] is {max_record!r}; keep it between 10000 and "
                 f"{0xFFFFF} (ZooKeeper's default jute.maxbuffer)."
             )
+        dead_letter_ttl = raw.get("DEAD_LETTER_TTL", 30 * 86400)
+        if dead_letter_ttl is not None:
+            dead_letter_ttl = float(_positive(dead_letter_ttl, where, "DEAD_LETTER_TTL"))
+        dead_letter_limit = raw.get("DEAD_LETTER_LIMIT", 1000)
+        if isinstance(dead_letter_limit, bool) or not isinstance(dead_letter_limit, int) \
+                or dead_letter_limit < 1:
+            raise ConfigurationError(
+                f"{where}['DEAD_LETTER_LIMIT'] is {dead_letter_limit!r}; give a whole number "
+                "of entries, at least 1 (each holds at most 64 KB of ZooKeeper's heap)."
+            )
         from .schedules import parse_schedules
 
         return cls(
@@ -104,6 +117,8 @@ class Options:
             auth=auth,
             signing_key=str(signing_key),
             max_record_bytes=max_record,
+            dead_letter_ttl=dead_letter_ttl,
+            dead_letter_limit=dead_letter_limit,
         )
 
 

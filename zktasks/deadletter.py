@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from kazoo.exceptions import KazooException, NoNodeError
 
 from . import records
-from .exceptions import ZooKeeperUnavailableError
+from .exceptions import CorruptRecord, ZooKeeperUnavailableError
 from .store import TRANSIENT, Store, failures
 from .tree import dead_letter_name, parse_dead_letter_name
 
@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 KEEP_BYTES = 64 * 1024   # at most this many bytes of the original are kept
 LIST_LIMIT = 200         # entries one listing reads at most
+EXPIRE_BATCH = 500       # entries one expiry sweep deletes at most
+# Kinds of entry that are the only place their job waits (see expire).
+HOLD_KINDS = frozenset({"unreadable_assignment"})
 
 # kind -> what it means, for people (the dashboard shows it next to the reason).
 KINDS = {
@@ -184,6 +187,63 @@ def listing(store: Store, limit: int = 50, *, after: str | None = None,
             ) from exc
         out.append(decode(name, raw, stat.version))
     return out
+
+
+def expire(store: Store, *, fence: str | None, now_ms: int, ttl: float | None,
+           limit: int) -> tuple[int, int, int]:
+    """Delete the entries older than `ttl` seconds (None: kept however old) and then the
+    oldest beyond `limit`; return (expired, deleted over the limit, held).
+
+    The leader's job (its fence checked). Without it, garbage arriving without end (a
+    foreign client writing into a queue) would grow the place, and ZooKeeper's heap, by
+    up to 64 KB an entry with no bound. Names sort by time, so both kinds are the oldest
+    names. At most EXPIRE_BATCH are handled a sweep (the rest at the next one).
+
+    An entry is held, never deleted here, while it is the only place its job waits: an
+    assignment that did not decode (HOLD_KINDS) of a job still READY or RUNNING. Deleting
+    it would lose the job; it waits for a person to re-queue or discard it.
+    """
+    found = sorted(n for n in store.children(store.layout.deadletter)
+                   if parse_dead_letter_name(n) is not None)
+    old = [n for n in found
+           if ttl is not None and parse_dead_letter_name(n) + ttl * 1000 <= now_ms]
+    over = found[len(old):][:max(0, len(found) - len(old) - limit)]
+    doomed = [*old, *over][:EXPIRE_BATCH]
+    if not doomed:
+        return 0, 0, 0
+    held = _holding_a_job(store, doomed)
+    expired = set(old)
+    paths = {kind: [store.layout.dead_letter(n) for n in doomed
+                    if n not in held and (n in expired) == kind] for kind in (True, False)}
+    return (store.delete_paths(fence, paths[True]), store.delete_paths(fence, paths[False]),
+            len(held))
+
+
+def _holding_a_job(store: Store, names: list[str]) -> set[str]:
+    """The entries among `names` that are where an unfinished job waits (pipelined
+    reads: the entries, then the status records of the jobs they name)."""
+    requests = [(n, store.client.get_async(store.layout.dead_letter(n))) for n in names]
+    candidates = {}
+    for name, request in requests:
+        try:
+            raw, stat = request.get(timeout=store.options.session_timeout)
+        except NoNodeError:
+            continue
+        found = decode(name, raw, stat.version)
+        if found.kind in HOLD_KINDS and found.job_id:
+            candidates[name] = found.job_id
+    if not candidates:
+        return set()
+    status = store.read_statuses(set(candidates.values()))
+    held = set()
+    for name, job_id in candidates.items():
+        try:
+            found = status(job_id)
+        except CorruptRecord:
+            continue
+        if found is not None and not found.record.is_finished:
+            held.add(name)
+    return held
 
 
 def discard(store: Store, name: str, version: int = -1) -> bool:

@@ -785,6 +785,31 @@ class Leader:
         if time.monotonic() - self._last_cancel_sweep >= EXPIRE_EVERY:
             self._last_cancel_sweep = time.monotonic()
             self._sweep_cancel_requests()
+            self._expire_dead_letters(now)
+
+    def _expire_dead_letters(self, now: float) -> None:
+        """Bound the dead-letter place: DEAD_LETTER_TTL and DEAD_LETTER_LIMIT (see
+        deadletter.expire), at most every EXPIRE_EVERY, listing names only."""
+        options = self.store.options
+        try:
+            expired, over, held = deadletter.expire(
+                self.store, fence=self.fence, now_ms=int(now * 1000),
+                ttl=options.dead_letter_ttl, limit=options.dead_letter_limit)
+        except NoNodeError as exc:
+            raise LeadershipLost("fence check failed during dead-letter expiry") from exc
+        if expired:
+            logger.info("expired dead letters count=%d ttl=%gs", expired,
+                        options.dead_letter_ttl)
+        if over:
+            logger.warning(
+                "deleted the %d oldest dead letters: more than DEAD_LETTER_LIMIT=%d. "
+                "Something keeps writing znodes zktasks cannot use (see the newest on "
+                "the dashboard's dead-letter page); raise the limit to keep more.",
+                over, options.dead_letter_limit)
+        if held:
+            logger.info("kept %d dead letters past DEAD_LETTER_TTL or DEAD_LETTER_LIMIT: "
+                        "each is where an unfinished job waits; re-queue or discard them",
+                        held)
 
     def _until_next_expiry(self) -> float:
         return max(0.0, self._next_expiry - time.time()) + 0.001

@@ -804,6 +804,29 @@ class Store:
         waiting = [self.layout.job(queue, node) for node in nodes]
         return self.with_shards(lambda: self._commit_raw(build), waiting)
 
+    def delete_paths(self, fence: str | None, paths: list[str]) -> int:
+        """Delete znodes in multis of 50 (fenced if given); return how many this call
+        deleted. One already gone (someone else deleted it) is skipped, not fatal; a
+        gone fence raises NoNodeError."""
+        deleted = 0
+        for start in range(0, len(paths), 50):
+            batch = paths[start:start + 50]
+
+            def build(txn, batch=batch):
+                if fence:
+                    txn.check(fence, -1)
+                for path in batch:
+                    txn.delete(path)
+
+            failed = failures(self._commit_raw(build))
+            if not failed:
+                deleted += len(batch)
+            elif fence and failed[0][0] == 0:
+                raise NoNodeError(f"fence {fence} is gone")
+            elif len(batch) > 1:
+                deleted += sum(self.delete_paths(fence, [path]) for path in batch)
+        return deleted
+
     def delete_empty(self, fence: str, path: str) -> list:
         """Delete an empty shard, pending or delayed, or a due minute (fenced); return the
         failures (NotEmpty, NoNode, the fence) if any. A writer racing with this meets

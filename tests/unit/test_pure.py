@@ -163,6 +163,9 @@ def test_short_repr_survives_hostile_repr():
     ({"SESSION_TIMEOUT": 0}, "SESSION_TIMEOUT"),
     ({"AUTH": "nopassword"}, "AUTH"),
     ({"MAX_RECORD_BYTES": 5_000_000}, "MAX_RECORD_BYTES"),
+    ({"DEAD_LETTER_TTL": 0}, "DEAD_LETTER_TTL"),
+    ({"DEAD_LETTER_LIMIT": 0}, "DEAD_LETTER_LIMIT"),
+    ({"DEAD_LETTER_LIMIT": 2.5}, "DEAD_LETTER_LIMIT"),
     ({"TYPO": 1}, "unknown keys"),
 ])
 def test_options_errors_name_the_setting(options, match):
@@ -174,6 +177,9 @@ def test_options_defaults():
     options = Options.from_params("default", {})
     assert options.hosts == "127.0.0.1:2181" and options.root == "/zktasks"
     assert options.signing_key  # SECRET_KEY
+    assert options.dead_letter_ttl == 30 * 86400 and options.dead_letter_limit == 1000
+    kept = Options.from_params("default", {"OPTIONS": {"DEAD_LETTER_TTL": None}})
+    assert kept.dead_letter_ttl is None  # kept however old (the limit still holds)
 
 
 def test_plan_prefers_priority_then_age_and_least_loaded_worker():
