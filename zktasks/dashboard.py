@@ -408,23 +408,26 @@ class Reader:
 
         def wanted(name):
             parsed = parse_delayed_node(name)
-            return parsed and (queue is None or parsed[3] == queue)
+            return (parsed and (queue is None or parsed[3] == queue)
+                    and (not after or name > after))
 
         names = [n for n in flat if wanted(n)]
         walked = [m for m in shards if m >= first]
-        for n, minute in enumerate(walked):
+        complete = False
+        for minute in walked:
+            if len(names) > limit:  # a page and one more: the rest is for next pages
+                break
             found = _gather(self.client, [layout.delayed_shard(minute, s)
                                           for s in shards[minute]], "get_children")
             names += [name for listed in found.values() for name in listed or ()
                       if wanted(name)]
-            if sum(1 for name in names if not after or name > after) > limit:
-                walked = walked[:n + 1]
-                break
+        else:
+            complete = True
         if queue is None:
             total = len(flat) + sum(st.numChildren for st in stats.values() if st)
-        else:
-            total = len(names) if not after and walked == list(shards) else None
-        names = sorted(n for n in names if not after or n > after)
+        else:  # the queue's total is known only from a walk of every minute
+            total = len(names) if not after and complete else None
+        names.sort()
         chosen = names[:limit]
         found = self.statuses(parse_delayed_node(n)[2] for n in chosen)
         rows = []
