@@ -308,9 +308,13 @@ class CpuMeter:
         import resource
 
         own = resource.getrusage(resource.RUSAGE_SELF)
-        workers = sum(_cpu_seconds(pid) for proc in self.procs
-                      for pid in (proc.pid, *_descendants(proc.pid)))
-        return {"submitter": own.ru_utime + own.ru_stime, "workers": workers,
+        mains = sum(_cpu_seconds(proc.pid) for proc in self.procs)
+        tasks = sum(_cpu_seconds(pid) for proc in self.procs
+                    for pid in _descendants(proc.pid))
+        # "workers" counts the whole tree; "task_processes" is the part of it spent in
+        # the pool's task processes (zero with --pool thread).
+        return {"submitter": own.ru_utime + own.ru_stime, "workers": mains + tasks,
+                "task_processes": tasks,
                 "zookeeper": sum(_cpu_seconds(pid) for pid in self.server_pids)}
 
     @staticmethod
@@ -916,6 +920,7 @@ DETAIL_COLUMNS = (
     ("drain txn/job", lambda r: r.drain_zk_txns_per_job, "{:.2f}"),
     ("CPU ms/job stream: submitter", lambda r: r.cpu_ms_per_job.get("submitter"), "{:.2f}"),
     ("workers", lambda r: r.cpu_ms_per_job.get("workers"), "{:.2f}"),
+    ("(tasks)", lambda r: r.cpu_ms_per_job.get("task_processes"), "{:.2f}"),
     ("ZK", lambda r: r.cpu_ms_per_job.get("zookeeper"), "{:.2f}"),
     ("drain: workers", lambda r: r.drain_cpu_ms_per_job.get("workers"), "{:.2f}"),
     ("ZK", lambda r: r.drain_cpu_ms_per_job.get("zookeeper"), "{:.2f}"),
