@@ -453,11 +453,15 @@ class Demo:
         else:
             zk = f"{self.zk_hosts} (already running; reused)"
         logs = f"{shown(self.log_dir)}/*.log ({', '.join(c.name for c in self.children)})"
+        shell = ".venv/bin/python manage.py zktasks status"
+        if self.zk_hosts != "127.0.0.1:2181":  # project/settings.py's default
+            shell = f"ZOOKEEPER_HOSTS={self.zk_hosts} {shell}"
         rows = [
             "zktasks demo is running",
             "",
             f"Site:       {site}",
             f"Dashboard:  {site}admin/zktasks/",
+            f"Shell:      {shell}",
             f"Admin:      user {ADMIN_USER}, password {self.password}",
             f"ZooKeeper:  {zk}",
             f"Tree root:  {ZK_ROOT}",

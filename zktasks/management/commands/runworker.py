@@ -7,11 +7,12 @@ import sys
 import threading
 
 from django.core.management.base import BaseCommand, CommandError
-from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
-from django.tasks.exceptions import InvalidTaskBackend
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
 
 from zktasks.exceptions import ZkTasksError
 from zktasks.tree import QUEUE_RE
+
+from ._common import seconds, whole_number, zk_backend
 
 _LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
 
@@ -30,31 +31,6 @@ def _queues(value: str) -> list[str]:
     return names
 
 
-def _whole_number(minimum: int):
-    """An argparse type: a whole number of at least `minimum`."""
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-        if number < minimum:
-            raise argparse.ArgumentTypeError(
-                f"{value!r} must not be negative" if minimum == 0
-                else f"{value!r} must be at least {minimum}")
-        return number
-    return parse
-
-
-def _seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
-    return number
-
-
 class Command(BaseCommand):
     help = (
         "Run a zktasks worker: join the leader election, run the jobs assigned to this "
@@ -66,7 +42,7 @@ class Command(BaseCommand):
         parser.add_argument("--queues", type=_queues, default=None,
                             help="comma-separated queues to serve (default: the backend's "
                                  "QUEUES, or 'default')")
-        parser.add_argument("--concurrency", type=_whole_number(1), default=None,
+        parser.add_argument("--concurrency", type=whole_number(1), default=None,
                             help="jobs run at once (default: number of CPUs)")
         parser.add_argument("--pool", choices=["process", "thread"], default="process",
                             help="run jobs in task processes (default; survives crashes and "
@@ -77,10 +53,10 @@ class Command(BaseCommand):
                             help="worker name prefix shown in the dashboard (default: host-pid)")
         parser.add_argument("--no-leader", action="store_true",
                             help="never lead: only run jobs")
-        parser.add_argument("--prefetch", type=_whole_number(0), default=None,
+        parser.add_argument("--prefetch", type=whole_number(0), default=None,
                             help="jobs assigned beyond --concurrency, waiting here (default: 4 per "
                                  "runner, like Celery; 0 or 1 for long jobs)")
-        parser.add_argument("--drain-timeout", type=_seconds, default=30.0,
+        parser.add_argument("--drain-timeout", type=seconds, default=30.0,
                             help="seconds to let running jobs finish on SIGTERM (default 30)")
 
     def handle(self, *args, **options):
@@ -90,20 +66,7 @@ class Command(BaseCommand):
 
         self._configure_logging(options["verbosity"])
         alias = options["backend"]
-        try:
-            backend = task_backends[alias]
-        except InvalidTaskBackend as exc:
-            raise CommandError(
-                f"No task backend {alias!r}: {str(exc).rstrip('.')}; check TASKS in your "
-                "settings or --backend."
-            ) from exc
-        from zktasks.backend import ZooKeeperBackend
-
-        if not isinstance(backend, ZooKeeperBackend):
-            raise CommandError(
-                f"TASKS[{alias!r}] uses {type(backend).__name__}; runworker needs "
-                "'zktasks.backend.ZooKeeperBackend'."
-            )
+        backend = zk_backend(alias, "runworker")
         queues = options["queues"] or sorted(backend.queues) or ["default"]
         unknown = sorted(set(queues) - backend.queues) if backend.queues else []
         if unknown:

@@ -1,0 +1,344 @@
+"""`manage.py zktasks`: the operator's side of the dashboard, from a shell.
+
+Each action is one call that the dashboard also makes: the overview's numbers come from
+the same live cache (dashboard.LiveState), a job's details from dashboard.Reader, and the
+actions (retry, cancel, purge, drain, dead letters) from the backend's own methods, so the
+command and the admin pages never disagree. Text by default, `--json` for scripts; a
+refused action or an unreachable ensemble exits with status 1 and says why.
+"""
+
+import argparse
+import json
+import sys
+from datetime import datetime, timedelta
+
+from django.core.management.base import BaseCommand, CommandError
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
+
+from zktasks import dashboard, deadletter, records
+from zktasks.exceptions import CorruptRecord, JobNotFound, ZkTasksError
+from zktasks.tree import BUCKET_MS, is_job_id
+
+from ._common import seconds, whole_number, zk_backend
+
+STATES = (records.SUCCESSFUL, records.FAILED)
+
+
+class Command(BaseCommand):
+    help = (
+        "Look at and act on a zktasks cluster: the overview (status), one job (show), "
+        "retry, cancel, purge finished results, drain a worker, and the dead letters. "
+        "Run `manage.py zktasks ACTION --help` for each action."
+    )
+
+    def add_arguments(self, parser):
+        common = argparse.ArgumentParser(add_help=False)
+        common.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS,
+                            help="alias of the ZooKeeperBackend in TASKS (default: "
+                                 "%(default)s)")
+        common.add_argument("--json", action="store_true",
+                            help="print JSON instead of text")
+        actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+        def action(name, help_text):
+            return actions.add_parser(name, parents=[common], help=help_text,
+                                      description=help_text)
+
+        action("status", "The dashboard's overview: leader, workers, and per queue the "
+                         "pending, delayed, running, succeeded and failed jobs.")
+        show = action("show", "One job: state, attempts, timings, arguments, result or "
+                              "errors, and where it is in the tree.")
+        show.add_argument("job_id")
+        retry = action("retry", "Send a FAILED job back to its queue for one more attempt.")
+        retry.add_argument("job_id")
+        cancel = action("cancel", "Cancel a job. A pending one never runs; one a worker "
+                                  "holds is asked to stop (the task sees "
+                                  "zktasks.cancel_requested()).")
+        cancel.add_argument("job_id")
+        cancel.add_argument("--force", action="store_true",
+                            help="terminate a running job's task process (process pool)")
+        purge = action("purge", "Delete finished results (their status records) now, "
+                                "instead of when RESULT_TTL expires them.")
+        purge.add_argument("--state", choices=STATES, action="append", dest="states",
+                           help="only results in this state (repeatable; default: both)")
+        purge.add_argument("--older-than", type=seconds, default=None, metavar="SECONDS",
+                           help="only results finished at least this long ago (default: "
+                                "all, including the last ten seconds)")
+        purge.add_argument("--yes", "--no-input", action="store_true", dest="yes",
+                           help="do not ask for confirmation")
+        drain = action("drain", "Ask a worker to drain: it takes no new jobs, finishes its "
+                                "running ones, hands back the rest and exits.")
+        drain.add_argument("worker_id")
+        letters = action("dead-letters", "List the dead letters (garbage znodes and "
+                                         "refused payloads moved aside), newest first.")
+        letters.add_argument("--limit", type=whole_number(1), default=50,
+                             help="entries to list (default %(default)s)")
+        requeue = action("requeue", "Send the job of a dead-letter entry back to its queue "
+                                    "and delete the entry.")
+        requeue.add_argument("entry", help="the entry's name, as dead-letters lists it")
+        discard = action("discard", "Delete a dead-letter entry.")
+        discard.add_argument("entry", help="the entry's name, as dead-letters lists it")
+
+    def handle(self, *args, **options):
+        backend = zk_backend(options["backend"], "manage.py zktasks")
+        self.as_json = options["json"]
+        run = getattr(self, "do_" + options["action"].replace("-", "_"))
+        self._live = None
+        try:
+            run(backend, options)
+        except JobNotFound as exc:
+            raise CommandError(f"{exc} (expired, purged, or never submitted here: this is "
+                               f"ROOT {backend.conf.root!r} at {backend.conf.hosts!r}).") from exc
+        except ZkTasksError as exc:  # unreachable ensemble, corrupt record, refused entry
+            raise CommandError(str(exc)) from exc
+        finally:
+            if self._live is not None:
+                self._live.close()
+
+    # -- output --------------------------------------------------------------------------
+
+    def emit(self, data, text: str) -> None:
+        self.stdout.write(json.dumps(data, indent=2, default=_plain) if self.as_json else text)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def live(self, backend) -> tuple[dashboard.LiveState, dict]:
+        """The dashboard's live cache, and its overview read in full once.
+
+        A cache of its own, closed when the command ends (self.close_live), not the
+        process's shared one: from `call_command` in a long-lived process the shared one
+        could answer from before the last change; this reads the tree now.
+        """
+        wait = backend.conf.connect_timeout + 5.0
+        client = dashboard.connect(backend.conf, wait=wait)
+        state = self._live = dashboard.LiveState(client, backend.store.layout)
+        data = state.snapshot(wait=wait)
+        if not data["ok"]:
+            raise CommandError(data["error"] or f"ZooKeeper at {backend.conf.hosts!r} did not "
+                                                "answer in time; try again.")
+        return state, data
+
+    def do_status(self, backend, options) -> None:
+        _, data = self.live(backend)
+        self.emit(data, _status_text(data, backend.conf))
+
+    def do_show(self, backend, options) -> None:
+        job_id = _job_id(options["job_id"])
+        reader = dashboard.Reader(backend, dashboard.connect(
+            backend.conf, wait=backend.conf.connect_timeout))
+        try:
+            detail = reader.job(job_id)
+        except CorruptRecord as exc:
+            raise CommandError(f"{exc} The dashboard's tree page shows its raw bytes.") \
+                from exc
+        if detail is None:
+            raise JobNotFound(f"No job has the id {job_id!r}")
+        self.emit(_job_data(detail), _job_text(detail))
+
+    # -- acting --------------------------------------------------------------------------
+
+    def do_retry(self, backend, options) -> None:
+        job_id = _job_id(options["job_id"])
+        if not backend.retry(job_id):
+            state = _state(backend, job_id)
+            raise CommandError(f"Job {job_id} was not retried: only a FAILED job can be, and "
+                               f"it is {state}.")
+        queue = backend.store.read_status(job_id).record.queue
+        self.emit({"job": job_id, "retried": True, "queue": queue},
+                  f"Sent job {job_id} back to queue {queue!r} for one more attempt.")
+
+    def do_cancel(self, backend, options) -> None:
+        job_id = _job_id(options["job_id"])
+        if backend.cancel(job_id, force=options["force"]):
+            self.emit({"job": job_id, "cancelled": True},
+                      f"Job {job_id} is cancelled: it will not run.")
+            return
+        state = _state(backend, job_id)
+        if state in STATES:
+            raise CommandError(f"Job {job_id} has finished ({state}); nothing to cancel.")
+        self.emit({"job": job_id, "cancelled": False, "requested": True, "state": state},
+                  f"A worker holds job {job_id} ({state}): it was asked to stop"
+                  + (" and its task process will be terminated" if options["force"] else
+                     "; the task sees zktasks.cancel_requested() turn True")
+                  + f". Follow it with: manage.py zktasks show {job_id}")
+
+    def do_purge(self, backend, options) -> None:
+        states = tuple(dict.fromkeys(options["states"] or STATES))
+        age = options["older_than"]
+        what = " and ".join(states) + (
+            f" results finished more than {age:g} s ago" if age is not None else " results")
+        if not options["yes"]:
+            now_ms = int(records.now().timestamp() * 1000)
+            before_ms = now_ms - int(age * 1000) if age is not None else now_ms + BUCKET_MS
+            estimate = self.live(backend)[0].bucket_counts(before_ms, states)
+            prompt = f"This deletes about {estimate:,} {what}, for good."
+            if not sys.stdin.isatty():
+                raise CommandError(f"{prompt} Add --yes to go ahead.")
+            self.stdout.write(prompt)
+            if input("Type 'yes' to go ahead: ").strip().lower() != "yes":
+                raise CommandError("Nothing deleted.")
+        count = backend.purge(states=states, older_than=timedelta(seconds=age)
+                              if age is not None else None)
+        self.emit({"purged": count, "states": states, "older_than": age},
+                  f"Purged {count:,} {what}.")
+
+    def do_drain(self, backend, options) -> None:
+        worker_id = options["worker_id"]
+        if not backend.drain_worker(worker_id):
+            raise CommandError(f"No worker {worker_id!r} is registered (it left already?); "
+                               "`manage.py zktasks status` lists the live ones.")
+        self.emit({"worker": worker_id, "draining": True},
+                  f"Worker {worker_id} is draining: it takes no new jobs, finishes its running "
+                  "ones and exits.")
+
+    def do_dead_letters(self, backend, options) -> None:
+        letters = backend.dead_letters(options["limit"])
+        rows = [{"name": e.name, "at": e.at, "kind": e.kind, "job_id": e.job_id,
+                 "by": e.by, "reason": e.reason or e.unreadable, "size": e.size}
+                for e in letters]
+        lines = [f"{len(rows)} dead letter(s), newest first"
+                 + (f" (the first {options['limit']})" if len(rows) == options["limit"]
+                    else "")]
+        lines += _table(["ENTRY", "AT", "KIND", "JOB", "REASON"], [
+            [r["name"], _when(r["at"]), r["kind"], r["job_id"] or "-",
+             deadletter.one_line(r["reason"], 80)] for r in rows])
+        if rows:
+            lines.append("Act on one with: manage.py zktasks requeue ENTRY, or discard ENTRY.")
+        self.emit(rows, "\n".join(lines))
+
+    def do_requeue(self, backend, options) -> None:
+        job_id = backend.requeue_dead_letter(options["entry"])
+        self.emit({"entry": options["entry"], "job": job_id},
+                  f"Re-queued job {job_id} from dead letter {options['entry']}.")
+
+    def do_discard(self, backend, options) -> None:
+        if not backend.discard_dead_letter(options["entry"]):
+            raise CommandError(f"No dead-letter entry {options['entry']!r} (re-queued or "
+                               "discarded already?).")
+        self.emit({"entry": options["entry"], "discarded": True},
+                  f"Discarded dead letter {options['entry']}.")
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _job_id(value: str) -> str:
+    if not is_job_id(value):
+        raise CommandError(f"{value!r} is not a job id (32 hexadecimal characters, as "
+                           "submit() returns and the dashboard shows).")
+    return value
+
+
+def _state(backend, job_id: str) -> str:
+    found = backend.store.read_status(job_id)
+    if found is None:
+        raise JobNotFound(f"No job has the id {job_id!r}")
+    return found.record.state
+
+
+def _plain(value):
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+def _when(value) -> str:
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if not isinstance(value, datetime):
+        return "-"
+    return value.isoformat(sep=" ", timespec="seconds")
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in cells]
+
+
+def _status_text(data: dict, conf) -> str:
+    totals = data["totals"]
+    lines = [f"zktasks at {conf.hosts}, root {conf.root} (as of {_when(data['as_of'])})"]
+    leader = data["leader"]
+    lines.append(f"leader: {leader['worker']} since {_when(leader['since'])} "
+                 f"({leader['contenders']} contending)" if leader else
+                 "leader: none (no worker is running, or an election is under way)")
+    lines.append(f"workers: {totals['workers']}")
+    if data["workers"]:
+        lines += _table(["WORKER", "HOST", "PID", "POOL", "SLOTS", "ASSIGNED", "QUEUES",
+                         "STATE"], [
+            [w["id"], w["host"] or "-", w["pid"] or "-", w["pool"] or "-",
+             w["concurrency"] or "-", w["assigned"], ",".join(w["queues"]) or "*",
+             "draining" if w["draining"] else (w["note"] or "running")]
+            for w in data["workers"]])
+    lines.append("queues:")
+    lines += _table(["QUEUE", "PENDING", "DELAYED", "RUNNING", "SUCCEEDED", "FAILED"], [
+        [q["name"], q["pending"], q["delayed"], q["running"],
+         "-" if q["succeeded"] is None else q["succeeded"],
+         "-" if q["failed"] is None else q["failed"]] for q in data["queues"]])
+    lines.append(f"totals: {totals['pending']} pending, {totals['delayed']} delayed, "
+                 f"{totals['running']} running, {totals['succeeded']} succeeded, "
+                 f"{totals['failed']} failed, {totals['dead_letters']} dead letter(s)")
+    if data["recent_failures"]:
+        lines.append("recent failures:")
+        lines += _table(["JOB", "TASK", "ERROR"], [
+            [f["id"], f["task"] or "-",
+             f"{f['error'].rsplit('.', 1)[-1]}: {f['message']}"[:100]]
+            for f in data["recent_failures"][:10]])
+    return "\n".join(lines)
+
+
+def _job_data(detail) -> dict:
+    record = detail.record
+    return {
+        "id": record.id, "task": record.task, "queue": record.queue,
+        "priority": record.priority, "state": record.state, "attempts": record.attempts,
+        "max_attempts": record.max_attempts, "worker_ids": list(record.worker_ids),
+        "enqueued_at": record.enqueued_at, "run_after": record.run_after,
+        "started_at": record.started_at, "finished_at": record.finished_at,
+        "arguments": detail.args, "return_value": detail.return_value,
+        "verified": detail.verified, "note": detail.verification_error or detail.result_note,
+        "errors": [{"exception": e.exception_class_path, "message": e.message,
+                    "attempt": e.attempt, "worker_id": e.worker_id, "traceback": e.traceback}
+                   for e in record.errors],
+        "places": [{"what": label, "path": path} for label, path in detail.places],
+    }
+
+
+def _job_text(detail) -> str:
+    record = detail.record
+    lines = [
+        f"job:       {record.id}",
+        f"task:      {record.task}",
+        f"queue:     {record.queue} (priority {record.priority})",
+        f"state:     {record.state}",
+        f"attempts:  {record.attempts} of at most {record.max_attempts}"
+        + (f" (workers: {', '.join(record.worker_ids)})" if record.worker_ids else ""),
+    ]
+    if detail.args or detail.args_note:
+        lines.append(f"arguments: {detail.args or detail.args_note}")
+    if record.state == records.SUCCESSFUL:
+        lines.append(f"result:    {detail.return_value or detail.result_note}")
+    if detail.verification_error:
+        lines.append(f"payload:   not verified: {detail.verification_error}")
+    timings = [w for w in (detail.waited and f"waited {detail.waited}",
+                           detail.ran and f"ran {detail.ran}") if w]
+    if timings:
+        lines.append(f"timings:   {', '.join(timings)}")
+    lines.append("history:")
+    lines += [f"  {_when(when) if when else ' ' * 25}  {what}"
+              for when, what in dashboard.history(record)]
+    if record.errors:
+        last = record.errors[-1]
+        lines.append(f"last error (attempt {last.attempt or '?'}): "
+                     f"{last.exception_class_path}: {last.message}")
+        lines += ["  " + line for line in (last.traceback or "").rstrip().splitlines()[-15:]]
+    lines.append("in the tree:")
+    lines += [f"  {label}: {path}" for label, path in detail.places] or ["  (nowhere)"]
+    return "\n".join(lines)
