@@ -63,6 +63,36 @@ def test_show_prints_a_job_its_errors_and_where_it_is(backend, start_worker):
     assert "result:    42" in zktasks("show", done.id)
 
 
+def test_jobs_lists_finished_ones_filtered_and_in_pages(backend, start_worker):
+    start_worker()
+    ok = [tasks.add.submit(i, i) for i in range(3)]
+    bad = tasks.boom.submit("listed")
+    for job in [*ok, bad]:
+        job.wait(timeout=30)
+    every = json.loads(zktasks("jobs", "--json"))["rows"]
+    assert {r["id"] for r in every} == {j.id for j in [*ok, bad]}
+    failed = json.loads(zktasks("jobs", "--state", "FAILED", "--json"))["rows"]
+    assert [(r["id"], r["error"]) for r in failed] == [(bad.id, "builtins.ValueError: listed")]
+    assert [r["id"] for r in json.loads(zktasks("jobs", "--task", "boom", "--json"))["rows"]] \
+        == [bad.id]
+    first = json.loads(zktasks("jobs", "--limit", "3", "--json"))
+    rest = json.loads(zktasks("jobs", "--limit", "3", "--after", first["next_cursor"],
+                              "--json"))
+    assert len(first["rows"]) == 3 and rest["next_cursor"] is None
+    assert {r["id"] for r in first["rows"] + rest["rows"]} == {r["id"] for r in every}
+    assert "more: add --after" in zktasks("jobs", "--limit", "1")
+
+
+def test_pending_lists_a_queue_in_assignment_order(backend):
+    low = tasks.email.using(priority=-5).submit("later@example.com")
+    high = [tasks.email.using(priority=5).submit(f"{i}@example.com") for i in range(2)]
+    page = json.loads(zktasks("pending", "emails", "--limit", "2", "--json"))
+    assert page["total"] == 3 and {r["id"] for r in page["rows"]} == {j.id for j in high}
+    rest = json.loads(zktasks("pending", "emails", "--after", page["next_cursor"], "--json"))
+    assert [r["id"] for r in rest["rows"]] == [low.id]
+    assert "0 job(s) pending in 'default' of 0" in zktasks("pending")
+
+
 def test_retry_sends_a_failed_job_back_and_refuses_others(backend, start_worker):
     start_worker()
     failed = tasks.boom.submit("again")

@@ -26,8 +26,9 @@ STATES = (records.SUCCESSFUL, records.FAILED)
 
 class Command(BaseCommand):
     help = (
-        "Look at and act on a zktasks cluster: the overview (status), one job (show), "
-        "retry, cancel, purge finished results, drain a worker, and the dead letters. "
+        "Look at and act on a zktasks cluster: the overview (status), jobs finished or "
+        "pending, one job (show), retry, cancel, purge finished results, drain a worker, "
+        "and the dead letters. "
         "Run `manage.py zktasks ACTION --help` for each action."
     )
 
@@ -49,6 +50,21 @@ class Command(BaseCommand):
         show = action("show", "One job: state, attempts, timings, arguments, result or "
                               "errors, and where it is in the tree.")
         show.add_argument("job_id")
+        jobs = action("jobs", "Finished jobs, newest first (as the dashboard's results "
+                              "page lists them).")
+        jobs.add_argument("--state", choices=STATES, default=None,
+                          help="only jobs that ended in this state")
+        jobs.add_argument("--task", default="", help="only tasks whose path contains this")
+        jobs.add_argument("--queue", default="", help="only jobs of this queue")
+        pending = action("pending", "Jobs waiting in a queue, in the order the leader "
+                                    "assigns them.")
+        pending.add_argument("queue", nargs="?", default="default",
+                             help="the queue (default: %(default)s)")
+        for listing in (jobs, pending):
+            listing.add_argument("--limit", type=whole_number(1), default=20,
+                                 help="rows to list (default %(default)s)")
+            listing.add_argument("--after", default=None, metavar="CURSOR",
+                                 help="continue a listing where the previous one stopped")
         retry = action("retry", "Send a FAILED job back to its queue for one more attempt.")
         retry.add_argument("job_id")
         cancel = action("cancel", "Cancel a job. A pending one never runs; one a worker "
@@ -124,16 +140,46 @@ class Command(BaseCommand):
 
     def do_show(self, backend, options) -> None:
         job_id = _job_id(options["job_id"])
-        reader = dashboard.Reader(backend, dashboard.connect(
-            backend.conf, wait=backend.conf.connect_timeout))
         try:
-            detail = reader.job(job_id)
+            detail = self.reader(backend).job(job_id)
         except CorruptRecord as exc:
             raise CommandError(f"{exc} The dashboard's tree page shows its raw bytes.") \
                 from exc
         if detail is None:
             raise JobNotFound(f"No job has the id {job_id!r}")
         self.emit(_job_data(detail), _job_text(detail))
+
+    def do_jobs(self, backend, options) -> None:
+        page = self.reader(backend).results(
+            state=options["state"], task=options["task"], queue=options["queue"],
+            cursor=options["after"], limit=options["limit"])
+        self.emit_page(page, "finished", options, when="finished_at")
+
+    def do_pending(self, backend, options) -> None:
+        page = self.reader(backend).pending(options["queue"], after=options["after"],
+                                            limit=options["limit"])
+        self.emit_page(page, f"pending in {options['queue']!r}", options, when="enqueued_at")
+
+    def emit_page(self, page, what: str, options, *, when: str) -> None:
+        rows = [{"id": r.id, "state": r.state, "task": r.task, "queue": r.queue,
+                 "priority": r.priority, when: getattr(r, when), "attempts": r.attempts,
+                 "worker": r.worker, "error": r.error} for r in page.rows]
+        head = f"{len(rows)} job(s) {what}" + (
+            f" of {page.total:,}" if page.total is not None else "")
+        lines = [head] + _table(
+            ["JOB", "STATE", "TASK", "QUEUE", when.split("_")[0].upper(), "ATTEMPTS", "ERROR"],
+            [[r["id"], r["state"], r["task"] or "-", r["queue"] or "-", _when(r[when]),
+              r["attempts"], (r["error"] or "")[:60]] for r in rows])
+        if page.next_cursor:
+            lines.append(f"more: add --after {page.next_cursor}"
+                         + (f" (looked at {page.scanned:,} to find these)"
+                            if options.get("task") or options.get("queue") else ""))
+        self.emit({"rows": rows, "next_cursor": page.next_cursor, "total": page.total},
+                  "\n".join(lines))
+
+    def reader(self, backend) -> dashboard.Reader:
+        return dashboard.Reader(backend, dashboard.connect(
+            backend.conf, wait=backend.conf.connect_timeout))
 
     # -- acting --------------------------------------------------------------------------
 
