@@ -121,9 +121,9 @@ class Command(BaseCommand):
     def live(self, backend) -> tuple[dashboard.LiveState, dict]:
         """The dashboard's live cache, and its overview read in full once.
 
-        A cache of its own, closed when the command ends (self.close_live), not the
-        process's shared one: from `call_command` in a long-lived process the shared one
-        could answer from before the last change; this reads the tree now.
+        A cache of its own, closed when the command ends (in handle), not the process's
+        shared one: from `call_command` in a long-lived process the shared one could
+        answer from before the last change; this one reads the tree now.
         """
         wait = backend.conf.connect_timeout + 5.0
         client = dashboard.connect(backend.conf, wait=wait)
