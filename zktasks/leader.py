@@ -841,14 +841,19 @@ class Leader:
                         node.split("-", 1)[1])
                     self._stale.add(queue)  # rebuild its view from the loaded shards
                 return
+            assigned: dict[tuple[str, str], list[str]] = {}
             for queue, node, worker_id in batch:
-                logger.info("assigned job=%s queue=%s worker=%s", node.split("-", 1)[1],
-                            queue, worker_id)
+                assigned.setdefault((worker_id, queue), []).append(node.split("-", 1)[1])
                 nodes = self.loaded.get(queue, {}).get(shard_of(node))
                 if nodes and nodes[0] == node:
                     del nodes[0]
                 elif nodes and node in nodes:
                     nodes.remove(node)
+            # One line per worker and queue, not per job: under a backlog a batch holds up
+            # to BATCH jobs, and a log record per job was a few percent of a worker's CPU.
+            for (worker_id, queue), ids in assigned.items():
+                logger.info("assigned count=%d queue=%s worker=%s jobs=%s", len(ids), queue,
+                            worker_id, ",".join(ids))
             self.assignments_total += len(batch)
 
     def _explain_refusal(self, batch, failed) -> None:
