@@ -453,7 +453,9 @@ class Demo:
         else:
             zk = f"{self.zk_hosts} (already running; reused)"
         logs = f"{shown(self.log_dir)}/*.log ({', '.join(c.name for c in self.children)})"
-        shell = ".venv/bin/python manage.py zktasks status"
+        # The demo's own settings: DEBUG=1 gives project/settings.py its demo SECRET_KEY
+        # (so the signing key matches the workers'), and a port other than the default.
+        shell = "DEBUG=1 .venv/bin/python manage.py zktasks status"
         if self.zk_hosts != "127.0.0.1:2181":  # project/settings.py's default
             shell = f"ZOOKEEPER_HOSTS={self.zk_hosts} {shell}"
         rows = [
