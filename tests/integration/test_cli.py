@@ -168,6 +168,23 @@ def test_purge_asks_first_then_deletes_what_was_asked(backend, start_worker):
     assert backend.store.read_status(bad.id) is not None
 
 
+def test_purge_at_a_terminal_asks_and_takes_no_for_an_answer(backend, start_worker,
+                                                             monkeypatch):
+    start_worker()
+    ok = tasks.add.submit(1, 2)
+    ok.wait(timeout=30)
+    answers = iter(["no", "yes"])
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt: next(answers))
+    with pytest.raises(CommandError, match="Nothing deleted"):
+        zktasks("purge")
+    assert backend.store.read_status(ok.id) is not None
+    out = zktasks("purge")
+    assert "This deletes about 1 SUCCESSFUL and FAILED results" in out
+    assert "Purged 1 SUCCESSFUL and FAILED results" in out
+    assert backend.store.read_status(ok.id) is None
+
+
 def test_dead_letters_are_listed_requeued_and_discarded(backend, zk_client, start_worker):
     junk = plant(backend, zk_client, "junk", b"x")
     job, parked = parked_job(backend, zk_client)
