@@ -69,8 +69,11 @@ class _Op:
 class Committer:
     """Batch the start and finish writes of one worker's jobs; one thread commits."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, *, on_idle: Callable[[], None] | None = None):
         self.store = store
+        # Called (on the committer's thread) when a batch is done and nothing waits: a
+        # draining worker exits once its last outcome is written, not on its next poll.
+        self.on_idle = on_idle
         self.layout = store.layout
         self._cond = threading.Condition()
         self._waiting: dict[int, Commit] = {}  # insertion-ordered; keyed by id(commit)
@@ -173,6 +176,12 @@ class Committer:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+                    idle = not self._waiting
+                if idle and self.on_idle is not None:
+                    try:
+                        self.on_idle()
+                    except Exception:
+                        logger.exception("on_idle callback failed")
 
     def _unprepared(self) -> list[Commit]:
         return [c for c in self._waiting.values()

@@ -129,7 +129,7 @@ class Worker:
         """Serve until stop() is called; return after a clean exit."""
         self.client = start(new_client(self.options), self.options)
         self.store = Store(self.client, self.options)
-        self.committer = Committer(self.store)
+        self.committer = Committer(self.store, on_idle=lambda: self._wake_if_draining(None))
         self.committer.start()
         self.store.ensure_skeleton()
         for q in self.queues or ["default"]:
@@ -639,8 +639,9 @@ class Worker:
         if ok:
             self._report(item, final, requeue, call)
 
-    def _wake_if_draining(self, job_id: str) -> None:
-        """Let a draining main loop see at once that a job is done (so it can exit).
+    def _wake_if_draining(self, job_id: str | None) -> None:
+        """Let a draining main loop see at once that a job is done, or that the committer
+        has written everything (job_id None), so that it can exit.
 
         Not otherwise: the main loop has nothing to do for a finished job, and waking it
         twice per job cost a few percent of a busy worker's CPU. A drain that begins just
