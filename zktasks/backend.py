@@ -600,10 +600,7 @@ class ZooKeeperBackend(BaseTaskBackend):
     def purge(self, *, states=("SUCCESSFUL", "FAILED"), older_than=None) -> int:
         """Delete finished records (by state, finished longer ago than `older_than`)."""
         codes = tuple({"SUCCESSFUL": "S", "FAILED": "F"}[s] for s in states)
-        # Whole 10-second buckets go: with no age, include the bucket being filled now.
-        cutoff = records.now() - older_than if older_than else records.now() + timedelta(
-            milliseconds=BUCKET_MS)
-        return self.store.delete_finished(before_ms=int(cutoff.timestamp() * 1000),
+        return self.store.delete_finished(before_ms=purge_before_ms(older_than),
                                           states=codes)
 
     def drain_worker(self, worker_id: str) -> bool:
@@ -629,6 +626,15 @@ class ZooKeeperBackend(BaseTaskBackend):
         except (NoNodeError, BadVersionError):
             return False
         return True
+
+
+def purge_before_ms(older_than: timedelta | None) -> int:
+    """Where purge(older_than=...) cuts, in epoch ms: buckets ending before it go. Whole
+    10-second buckets go, so with no age the bucket being filled now is included. The
+    dashboard's and the shell's estimates count against the same cut."""
+    cutoff = records.now() - older_than if older_than else records.now() + timedelta(
+        milliseconds=BUCKET_MS)
+    return int(cutoff.timestamp() * 1000)
 
 
 _UNKNOWN = object()

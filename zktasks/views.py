@@ -24,7 +24,7 @@ from . import dashboard, deadletter, records
 from .admin import can_manage
 from .exceptions import CorruptRecord, DeadLetterRefused, JobNotFound
 from .models import Job
-from .tree import BUCKET_MS, QUEUE_RE, is_job_id
+from .tree import QUEUE_RE, is_job_id
 
 _JOB_NODE = re.compile(r"^\d{3}-[0-9a-f]{32}$")
 _DELAYED_NODE = re.compile(r"^\d{13}-\d{3}-[0-9a-f]{32}-.+$")
@@ -402,11 +402,10 @@ class DashboardViews:
                 if confirmed:
                     count = backend.purge(states=states, older_than=age)
                 else:
-                    before = records.now() - age if age else None
-                    before_ms = int(before.timestamp() * 1000) if before else None
+                    from .backend import purge_before_ms
+
                     estimate = dashboard.live_state(backend).bucket_counts(
-                        before_ms if before_ms is not None else
-                        int(records.now().timestamp() * 1000) + BUCKET_MS, states)
+                        purge_before_ms(age), states)
             except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
                 return self.unavailable(request, exc, title, "results")
             if confirmed:

@@ -635,7 +635,8 @@ class Worker:
         """The committer settled a job's outcome (on its thread): log, signal, forget."""
         with self._cond:
             self._known.discard(item.job_id)
-        self._wake_if_draining(item.job_id)
+        # No wake-up here: the committer is still busy with this batch, so a draining main
+        # loop would find it pending; its on_idle wakes the loop once all is written.
         if ok:
             self._report(item, final, requeue, call)
 

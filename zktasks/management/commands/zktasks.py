@@ -16,8 +16,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
 
 from zktasks import dashboard, deadletter, records
+from zktasks.backend import purge_before_ms
 from zktasks.exceptions import CorruptRecord, JobNotFound, ZkTasksError
-from zktasks.tree import BUCKET_MS, is_job_id
+from zktasks.tree import is_job_id
 
 from ._common import seconds, whole_number, zk_backend
 
@@ -213,18 +214,17 @@ class Command(BaseCommand):
         age = options["older_than"]
         what = " and ".join(states) + (
             f" results finished more than {age:g} s ago" if age is not None else " results")
+        older_than = timedelta(seconds=age) if age is not None else None
         if not options["yes"]:
-            now_ms = int(records.now().timestamp() * 1000)
-            before_ms = now_ms - int(age * 1000) if age is not None else now_ms + BUCKET_MS
-            estimate = self.live(backend)[0].bucket_counts(before_ms, states)
+            estimate = self.live(backend)[0].bucket_counts(purge_before_ms(older_than),
+                                                            states)
             prompt = f"This deletes about {estimate:,} {what}, for good."
             if not sys.stdin.isatty():
                 raise CommandError(f"{prompt} Add --yes to go ahead.")
             self.stdout.write(prompt)
             if input("Type 'yes' to go ahead: ").strip().lower() != "yes":
                 raise CommandError("Nothing deleted.")
-        count = backend.purge(states=states, older_than=timedelta(seconds=age)
-                              if age is not None else None)
+        count = backend.purge(states=states, older_than=older_than)
         self.emit({"purged": count, "states": states, "older_than": age},
                   f"Purged {count:,} {what}.")
 
