@@ -29,6 +29,7 @@ from kazoo.exceptions import KazooException
 
 from . import records
 from .exceptions import ZooKeeperUnavailableError
+from .latch import Latch
 from .records import StatusRecord
 from .store import LANDED, Store, failures
 
@@ -48,7 +49,7 @@ class Commit:
     version: int                       # the status version the next write must match
     start: bytes | None = None         # RUNNING record not written yet
     due: float = 0.0                   # when it must be written at the latest
-    started: threading.Event = field(default_factory=threading.Event)
+    started: Latch = field(default_factory=Latch)  # an Event, cheaper (latch.py)
     refused: bool = False              # its start was refused: the job is not ours
     final: StatusRecord | None = None
     requeue: bool = False

@@ -1,4 +1,5 @@
-"""kazoo's threading handler, with a select() that keeps its epoll objects.
+"""kazoo's threading handler, with a select() that keeps its epoll objects and cheaper
+thread hand-offs.
 
 kazoo's `selector_select` builds a new selector, registers the sockets, polls once and
 closes it, for every call. Its connection thread calls it for each request it writes and
@@ -8,17 +9,93 @@ The sets it selects on are few and stable (the server socket, the wake-up socket
 this handler keeps one selector per set and thread, and builds a new one only when a
 socket object changes (a reconnection). Semantics are kazoo's: same readiness lists,
 same errors for a closed socket.
+
+Every request also crosses threads twice (the caller hands it to kazoo's connection
+thread, which sets the reply on an AsyncResult the caller waits on), and every watch and
+completion callback goes through one of kazoo's queues. kazoo builds both on Condition
+(queue.Queue, AsyncResult): Python code per put, per wait and per wake-up. Here the
+reply waits on a Latch (latch.py) and the callback queues are SimpleQueues, both in C:
+profiles of a busy worker put Condition.wait/notify at a fifth of its samples. kazoo
+offers these as the handler's `queue_impl` and `async_result()`; the AsyncResult keeps
+kazoo's semantics (value or exception set once, callbacks through the completion queue,
+or at once when the handler is stopped).
 """
 
+import queue
 import selectors
 import threading
 
-from kazoo.handlers.threading import SequentialThreadingHandler
+from kazoo.handlers import utils
+from kazoo.handlers.threading import AsyncResult, KazooTimeoutError, SequentialThreadingHandler
+
+from .latch import Latch
 
 _KEEP = 4  # selectors kept per thread: kazoo uses three sets per connection
 
 
+class _Queue(queue.SimpleQueue):
+    """kazoo's worker threads call task_done(); a SimpleQueue has nothing to count."""
+
+    def task_done(self) -> None:
+        pass
+
+
+class LatchAsyncResult(AsyncResult):
+    """kazoo's AsyncResult, waiting on a Latch instead of a Condition."""
+
+    def __init__(self, handler):  # no super(): it would build the Condition we avoid
+        self._handler = handler
+        self._exception = utils._NONE  # kazoo's "not set yet" sentinel, as its base uses
+        self._callbacks = []
+        self._timeout_factory = KazooTimeoutError
+        self.value = None
+        # set() against rawlink()/unlink(); re-entrant as kazoo's Condition, for a callback
+        # run inline (handler stopped) that links again.
+        self._guard = threading.RLock()
+        self._done = Latch()
+
+    def set(self, value=None):
+        with self._guard:
+            self.value = value
+            self._exception = None
+            self._do_callbacks()
+        self._done.set()
+
+    def set_exception(self, exception):
+        with self._guard:
+            self._exception = exception
+            self._do_callbacks()
+        self._done.set()
+
+    def get(self, block=True, timeout=None):
+        if block and self._exception is utils._NONE:
+            self._done.wait(timeout)
+        exception = self._exception
+        if exception is None:
+            return self.value
+        if exception is not utils._NONE:
+            raise exception
+        raise self._timeout_factory()
+
+    def wait(self, timeout=None):
+        return self._done.wait(timeout)
+
+    def rawlink(self, callback):
+        with self._guard:
+            if callback not in self._callbacks:
+                self._callbacks.append(callback)
+            if self.ready():
+                self._do_callbacks()
+
+    def unlink(self, callback):
+        with self._guard:
+            if not self.ready() and callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+
 class SelectorCachingHandler(SequentialThreadingHandler):
+    queue_impl = _Queue
+
     def __init__(self):
         super().__init__()
         self._local = threading.local()
@@ -59,6 +136,9 @@ class SelectorCachingHandler(SequentialThreadingHandler):
             if events & selectors.EVENT_WRITE:
                 writable.extend(o for o, e in objs if e == selectors.EVENT_WRITE)
         return readable, writable, []
+
+    def async_result(self):
+        return LatchAsyncResult(self)
 
     @staticmethod
     def _build(rlist, wlist) -> selectors.BaseSelector:

@@ -38,3 +38,118 @@ def test_a_closed_socket_fails_as_with_kazoo():
     with pytest.raises((ValueError, OSError, TypeError)):
         SelectorCachingHandler().select([a], [], [], 0)
     b.close()
+
+
+# -- the Latch and the AsyncResult built on it ------------------------------------------
+
+
+def test_latch_opens_once_for_every_waiter():
+    import threading
+
+    from zktasks.latch import Latch
+
+    latch = Latch()
+    assert not latch.is_set()
+    assert latch.wait(0) is False
+    assert latch.wait(0.01) is False
+    passed = []
+    arrived = threading.Barrier(9)
+
+    def waiter():
+        arrived.wait()
+        passed.append(latch.wait())
+
+    threads = [threading.Thread(target=waiter) for _ in range(8)]
+    for t in threads:
+        t.start()
+    arrived.wait()
+    latch.set()
+    latch.set()  # a second set is harmless
+    for t in threads:
+        t.join(10)
+    assert passed == [True] * 8
+    assert latch.is_set() and latch.wait(0) and latch.wait()
+
+
+def test_latch_survives_racing_sets_and_waits():
+    import threading
+
+    from zktasks.latch import Latch
+
+    def race(latch, go, results):
+        def setter():
+            go.wait()
+            latch.set()
+
+        def waiter():
+            go.wait()
+            results.append(latch.wait(10))
+
+        threads = [threading.Thread(target=f) for f in (setter, setter, waiter, waiter)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+
+    for _ in range(200):
+        latch, results = Latch(), []
+        race(latch, threading.Barrier(4), results)
+        assert results == [True, True]
+        assert latch.wait(0)  # and it stays open
+
+
+def test_async_result_behaves_as_kazoos():
+    import threading
+
+    import pytest
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    handler = SelectorCachingHandler()
+    handler.start()
+    try:
+        result = handler.async_result()
+        assert not result.ready()
+        with pytest.raises(KazooTimeoutError):
+            result.get(block=False)
+        with pytest.raises(KazooTimeoutError):
+            result.get(timeout=0.01)
+        assert result.wait(0.01) is False
+        done = threading.Event()
+        seen = []
+        result.rawlink(lambda r: (seen.append(r.get()), done.set()))
+        threading.Thread(target=result.set, args=(42,)).start()
+        assert result.get() == 42
+        assert done.wait(10)  # the callback ran on kazoo's completion thread
+        assert seen == [42] and result.successful() and result.wait(0)
+
+        failed = handler.async_result()
+        failed.set_exception(ValueError("boom"))
+        with pytest.raises(ValueError, match="boom"):
+            failed.get()
+        assert failed.ready() and not failed.successful()
+        assert isinstance(failed.exception, ValueError)
+
+        unlinked = handler.async_result()
+        calls = []
+        callback = calls.append
+        unlinked.rawlink(callback)
+        unlinked.unlink(callback)
+        unlinked.set(1)
+        handler.completion_queue.put(done.clear)  # a marker behind any callback
+        handler.completion_queue.put(done.set)
+        assert done.wait(10) and calls == []
+    finally:
+        handler.stop()
+    # A stopped handler runs callbacks at once, as kazoo's does; one that links again
+    # from inside its callback does not deadlock.
+    inline = handler.async_result()
+    calls = []
+
+    def relink(r):
+        calls.append(r.value)
+        if len(calls) == 1:
+            r.rawlink(lambda r2: calls.append("again"))
+
+    inline.rawlink(relink)
+    inline.set(7)
+    assert calls[0] == 7 and "again" in calls
