@@ -15,10 +15,18 @@ returned result may name a job that is not durable yet, and a crash of this proc
 before the block ends can lose the jobs still in flight. That is the only difference
 from submit() (same records, same tree), which is why it is opt-in.
 
+Jobs submitted while the previous multi is still unanswered share the next one (as
+Nagle's algorithm does for TCP segments): a loop of fast submits sends a multi per round
+trip with every job submitted meanwhile, up to BATCH_JOBS and BATCH_BYTES, so ZooKeeper
+and this process handle one request for many jobs. A job waits at most for the reply to
+the multi before it, never for a timer; a slow loop sends each job at once. A multi
+creates whole jobs (status record + waiting node), as `submit_many` does.
+
 The requests go through kazoo's async calls (`transaction().commit_async()`); kazoo has
-no pipelining API of its own. A multi that failed or whose outcome is unknown (connection
-loss, timeout) is written again with the synchronous `Store.submit`, which is idempotent
-(the job id is fresh: NodeExists on its status node means the earlier attempt landed).
+no pipelining API of its own. The jobs of a multi that failed or whose outcome is unknown
+(connection loss, timeout) are written again one by one with the synchronous
+`Store.submit`, which is idempotent (the job id is fresh: NodeExists on its status node
+means the earlier attempt landed).
 """
 
 import logging
@@ -34,8 +42,10 @@ from .store import failures
 
 logger = logging.getLogger(__name__)
 
-WINDOW = 256               # multis in flight; past it, the oldest is waited for
+WINDOW = 256               # jobs in flight; past it, the oldest multi is waited for
 WINDOW_BYTES = 8_000_000   # ... and past this many bytes of records in flight (big payloads)
+BATCH_JOBS = 64            # jobs per multi at most (a miss resends them one by one)
+BATCH_BYTES = 256_000      # bytes of records per multi at most (jute.maxbuffer is 1 MB)
 SHARDS_KEPT = 512  # parent paths remembered as made, per pipeline
 
 _local = threading.local()
@@ -47,17 +57,23 @@ class SubmitPipeline:
     def __init__(self, backend):
         self.backend = backend
         self.store = backend.store
-        self.in_flight: deque = deque()
+        self.in_flight: deque = deque()  # (jobs, async result, bytes) per multi sent
+        self.in_flight_jobs = 0
         self.in_flight_bytes = 0
+        self.buffer: list = []           # jobs waiting for the multi before them
+        self.buffer_bytes = 0
         self.shards: set[str] = set()
-        self.sent = 0
+        self.sent = 0                    # jobs submitted through the pipeline
+        self.multis = 0
         self.resent = 0
 
     def send(self, record, result):
-        """Send the job's multi without waiting; return its result."""
+        """Send the job (alone or with the next ones) without waiting; return its result."""
         store = self.store
         if record.unique_key:
-            # The answer (this job, or the key's holder) is needed now: wait for it.
+            # The answer (this job, or the key's holder) is needed now: wait for it. The
+            # jobs submitted before it go first.
+            self._send_buffer()
             return self.backend.write(record, result)
         status_path = store.layout.status(record.id)
         job_path = store.waiting_path(record)
@@ -73,55 +89,93 @@ class SubmitPipeline:
                 self.shards.clear()
             self.shards.add(parent)
         status_data = record.to_bytes()
-        txn = store.raw_client.transaction()
-        txn.create(status_path, status_data)
-        txn.create(job_path, store.job_data(record))
-        self.in_flight.append((record, result, txn.commit_async(), len(status_data)))
-        self.in_flight_bytes += len(status_data)
+        job_data = store.job_data(record)
+        self.buffer.append((record, result, status_path, status_data, job_path, job_data))
+        self.buffer_bytes += len(status_data) + len(job_data)
         self.sent += 1
-        while len(self.in_flight) > WINDOW or (self.in_flight_bytes > WINDOW_BYTES
-                                               and len(self.in_flight) > 1):
-            self._collect(*self.in_flight.popleft())
+        if (not self.in_flight or self.in_flight[-1][1].ready()
+                or len(self.buffer) >= BATCH_JOBS
+                or self.buffer_bytes >= min(BATCH_BYTES, WINDOW_BYTES)):
+            self._send_buffer()
+        lost = []
+        while len(self.in_flight) > 1 and (self.in_flight_jobs > WINDOW
+                                           or self.in_flight_bytes > WINDOW_BYTES):
+            lost += self._collect(*self.in_flight.popleft())
+        if lost:
+            raise self._error(lost)
         return result
 
-    def _collect(self, record, result, pending, size: int) -> None:
-        """Wait for one multi; write the job again synchronously unless it surely landed."""
+    def _send_buffer(self) -> None:
+        """Send the jobs waiting in one multi, without waiting for it."""
+        if not self.buffer:
+            return
+        jobs, size = self.buffer, self.buffer_bytes
+        self.buffer, self.buffer_bytes = [], 0
+        txn = self.store.raw_client.transaction()
+        for _, _, status_path, status_data, job_path, job_data in jobs:
+            txn.create(status_path, status_data)
+            txn.create(job_path, job_data)
+        self.in_flight.append(([(job[0], job[1]) for job in jobs], txn.commit_async(), size))
+        self.in_flight_jobs += len(jobs)
+        self.in_flight_bytes += size
+        self.multis += 1
+
+    def _collect(self, jobs, pending, size: int) -> list[tuple[str, Exception]]:
+        """Wait for one multi; write its jobs again one by one unless it surely landed.
+
+        Return (job id, error) for the jobs that may not be written.
+        """
+        self.in_flight_jobs -= len(jobs)
         self.in_flight_bytes -= size
         try:
             ok = not failures(pending.get(timeout=self.store.options.connect_timeout))
         except Exception as exc:  # connection loss, session expiry, timeout: unknown
-            logger.debug("pipelined submit of %s: %r; writing it again", record.id, exc)
+            logger.debug("pipelined submit of %d job(s): %r; writing them again",
+                         len(jobs), exc)
             ok = False
         if ok:
-            task_enqueued.send(type(self.backend), task_result=result)
-        else:
+            for _, result in jobs:
+                task_enqueued.send(type(self.backend), task_result=result)
+            return []
+        lost: list[tuple[str, Exception]] = []
+        for record, result in jobs:
+            if lost and isinstance(lost[0][1], ZooKeeperUnavailableError):
+                # Out of reach for the one before: do not wait CONNECT_TIMEOUT per job.
+                lost.append((record.id, lost[0][1]))
+                continue
             self.resent += 1
-            self.backend.write(record, result)  # idempotent; sends task_enqueued itself
+            try:
+                self.backend.write(record, result)  # idempotent; sends task_enqueued itself
+            except Exception as exc:
+                lost.append((record.id, exc))
+        return lost
 
     def flush(self) -> None:
         """Wait until every job sent is written; raise if some may not be."""
+        self._send_buffer()
         lost: list[tuple[str, Exception]] = []
         while self.in_flight:
-            item = self.in_flight.popleft()
-            record = item[0]
-            try:
-                self._collect(*item)
-            except Exception as exc:
-                lost.append((record.id, exc))
+            lost += self._collect(*self.in_flight.popleft())
         if lost:
-            ids = ", ".join(job_id for job_id, _ in lost[:10])
-            more = f" and {len(lost) - 10} more" if len(lost) > 10 else ""
-            first = lost[0][1]
-            error = (ZooKeeperUnavailableError if isinstance(first, ZooKeeperUnavailableError)
-                     else ZkTasksError)  # e.g. NoAuth: the cause is chained below
-            raise error(
-                f"{len(lost)} of the {self.sent} jobs submitted in a pipelined() block may not "
-                f"have been written ({ids}{more}): {first} Call get_result(id) for each once "
-                "ZooKeeper answers, rather than submitting again."
-            ) from first
+            raise self._error(lost)
         if self.resent:
             logger.info("pipelined(): %d of %d jobs were written again one by one",
                         self.resent, self.sent)
+
+    def _error(self, lost: list[tuple[str, Exception]]) -> ZkTasksError:
+        ids = ", ".join(job_id for job_id, _ in lost[:10])
+        more = f" and {len(lost) - 10} more" if len(lost) > 10 else ""
+        first = lost[0][1]
+        error = (ZooKeeperUnavailableError if isinstance(first, ZooKeeperUnavailableError)
+                 else ZkTasksError)  # e.g. NoAuth: the cause is chained below
+        message = (
+            f"{len(lost)} of the {self.sent} jobs submitted in a pipelined() block may not "
+            f"have been written ({ids}{more}): {first} Call get_result(id) for each once "
+            "ZooKeeper answers, rather than submitting again."
+        )
+        exc = error(message)
+        exc.__cause__ = first
+        return exc
 
 
 def current(backend) -> SubmitPipeline | None:

@@ -154,6 +154,42 @@ def test_pipelined_submits_ride_out_a_server_crash(zk_settings, own_server, star
     assert values == [n + 1 for n in range(150)] + [n + 2 for n in range(150, 200)]
 
 
+def test_pipelined_jobs_behind_an_unanswered_multi_share_the_next(zk_settings, own_server,
+                                                                 monkeypatch):
+    """ZooKeeper frozen (SIGSTOP) after a multi was sent: the jobs submitted behind it wait
+    and go together, BATCH_JOBS per multi, and all are written once it answers."""
+    from django.tasks import task_backends
+
+    import zktasks
+    from tests.pending import pending_nodes
+    from zktasks import pipeline
+
+    monkeypatch.setattr(pipeline, "BATCH_JOBS", 4)
+    backend = task_backends["default"]
+    with zktasks.pipelined() as pipe:
+        first = tasks.add.submit(0, 0)  # makes its shard; nothing in flight: sent alone
+        pipe.in_flight[-1][1].get(timeout=60)  # answered
+        try:
+            own_server.pause()
+            results = [first]
+            for n in range(1, 12):
+                # The first job's millisecond, so its shard: nothing to make first.
+                job_id = f"{first.id[:12]}{0xff00 + n:04x}{secrets.token_hex(8)}"
+                record, result = backend.prepare(tasks.add, (n, 1), {}, job_id=job_id)
+                results.append(pipe.send(record, result))
+            # Job 1 went alone (the multi before it was answered), jobs 2-9 in two full
+            # multis, jobs 10 and 11 wait for the block's end.
+            assert (pipe.multis, len(pipe.buffer)) == (4, 2)
+        finally:
+            own_server.resume()
+    assert pipe.multis == 5 and pipe.resent == 0
+    store = backend.store
+    ids = {r.id for r in results}
+    with store.bounded(60.0):
+        assert {name[-32:] for name in pending_nodes(store.client, store.layout)} == ids
+        assert all(store.read_status(job_id) is not None for job_id in ids)
+
+
 def test_pipelined_block_names_the_jobs_it_could_not_confirm(settings, own_server, zk_root,
                                                              monkeypatch):
     """ZooKeeper frozen (SIGSTOP) with multis in flight: the block does not hang past

@@ -124,3 +124,25 @@ def test_the_demo_view_submits_its_samples_in_one_block(backend, client, setting
     assert len(ids) == 5 and sorted(enqueued) == sorted(ids)
     for job_id in ids:
         assert backend.get_result(job_id).status == TaskResultStatus.READY
+
+
+def test_a_multi_that_fails_is_written_again_job_by_job(backend, zk_client, enqueued):
+    """A multi of several jobs fails as a whole (here NoNode: the pipe believed their
+    shard made); each job is then written on its own, and none is lost or doubled."""
+    import secrets
+    import time
+
+    store = backend.store
+    ms = time.time_ns() // 1_000_000 + 3_600_000  # an hour ahead: a shard nobody made
+    with zktasks.pipelined() as pipe:
+        sent = []
+        for n in range(6):
+            job_id = f"{ms:012x}{n:04x}{secrets.token_hex(8)}"
+            record, result = backend.prepare(tasks.add, (n, 1), {}, job_id=job_id)
+            pipe.shards.add(store.waiting_path(record).rsplit("/", 1)[0])
+            sent.append(pipe.send(record, result))
+    assert pipe.resent == 6  # however the six were grouped, every multi failed
+    ids = {r.id for r in sent}
+    assert sorted(enqueued) == sorted(ids)
+    assert {name[-32:] for name in pending_nodes(zk_client, store.layout)} == ids
+    assert all(zk_client.exists(store.layout.status(job_id)) for job_id in ids)
