@@ -134,8 +134,14 @@ class SubmitPipeline:
                          len(jobs), exc)
             ok = False
         if ok:
+            raised = None
             for _, result in jobs:
-                task_enqueued.send(type(self.backend), task_result=result)
+                try:
+                    task_enqueued.send(type(self.backend), task_result=result)
+                except Exception as exc:  # a receiver's: the others still hear of theirs
+                    raised = raised or exc
+            if raised is not None:
+                raise raised
             return []
         lost: list[tuple[str, Exception]] = []
         for record, result in jobs:
@@ -154,10 +160,16 @@ class SubmitPipeline:
         """Wait until every job sent is written; raise if some may not be."""
         self._send_buffer()
         lost: list[tuple[str, Exception]] = []
+        receiver_error = None
         while self.in_flight:
-            lost += self._collect(*self.in_flight.popleft())
+            try:
+                lost += self._collect(*self.in_flight.popleft())
+            except Exception as exc:  # a task_enqueued receiver raised; its jobs are written
+                receiver_error = receiver_error or exc
         if lost:
             raise self._error(lost)
+        if receiver_error is not None:
+            raise receiver_error  # once every job is written
         if self.resent:
             logger.info("pipelined(): %d of %d jobs were written again one by one",
                         self.resent, self.sent)

@@ -146,3 +146,25 @@ def test_a_multi_that_fails_is_written_again_job_by_job(backend, zk_client, enqu
     assert sorted(enqueued) == sorted(ids)
     assert {name[-32:] for name in pending_nodes(zk_client, store.layout)} == ids
     assert all(zk_client.exists(store.layout.status(job_id)) for job_id in ids)
+
+
+def test_a_receiver_that_raises_does_not_stop_the_block_writing(backend, zk_client):
+    """A task_enqueued receiver raising for one job: every job is still written and
+    signalled, then the receiver's error comes out of the block."""
+    heard = []
+
+    def receiver(sender, task_result, **kwargs):
+        heard.append(task_result.id)
+        if len(heard) == 1:
+            raise RuntimeError("receiver failed")
+
+    task_enqueued.connect(receiver)
+    try:
+        with pytest.raises(RuntimeError, match="receiver failed"), zktasks.pipelined():
+            results = [tasks.add.submit(n, 1) for n in range(30)]
+    finally:
+        task_enqueued.disconnect(receiver)
+    ids = {r.id for r in results}
+    assert set(heard) == ids
+    layout = backend.store.layout
+    assert {name[-32:] for name in pending_nodes(zk_client, layout)} == ids
