@@ -83,6 +83,10 @@ class StatusRecord:
     payload: dict | None = None    # signed envelope of the call (function, args, kwargs)
     result: dict | None = None     # signed envelope of the return value
     extra: dict = field(default_factory=dict)
+    # to_bytes(), kept: a record is checked for size and then written (submit, outcome),
+    # and each JSON encoding of one holding a payload costs about 2 % of a job's CPU.
+    # Not a field of the record: evolve() starts the copy without it.
+    _encoded: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def is_finished(self) -> bool:
@@ -108,7 +112,11 @@ class StatusRecord:
         return data
 
     def to_bytes(self) -> bytes:
-        return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True).encode()
+        encoded = self._encoded
+        if encoded is None:
+            encoded = json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True).encode()
+            object.__setattr__(self, "_encoded", encoded)  # frozen: set once, never changed
+        return encoded
 
     @classmethod
     def from_bytes(cls, raw: bytes | None, *, path: str = "") -> "StatusRecord":
@@ -129,7 +137,7 @@ class StatusRecord:
             ) from exc
 
 
-_STATUS_FIELDS = tuple(f.name for f in fields(StatusRecord))
+_STATUS_FIELDS = tuple(f.name for f in fields(StatusRecord) if f.init)
 _TIME_FIELDS = ("enqueued_at", "started_at", "finished_at", "last_attempted_at", "run_after")
 
 
