@@ -8,6 +8,7 @@ tell, from a fresh read, whether it already took effect before it is tried again
 """
 
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -22,11 +23,13 @@ from kazoo.exceptions import (
     OperationTimeoutError,
     RolledBackError,
     SessionExpiredError,
+    UnimplementedError,
 )
 
 from . import records
 from .conf import Options
 from .exceptions import PayloadTooLarge, ZooKeeperUnavailableError
+from .multiread import get_many_async
 from .records import StatusRecord
 from .tree import (
     BUCKET_MS,
@@ -47,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 TRANSIENT = (ConnectionLoss, OperationTimeoutError, SessionExpiredError)
 WORKER_LOST = "zktasks.exceptions.WorkerLost"
+MULTI_READ_BATCH = 16  # status records per multiRead (a record may be up to ~1 MB)
 MAX_WORKER_LOSSES = 3  # a job whose workers vanished this often is failed, not re-run
 LANDED = object()
 SHARD_ROUNDS = 8  # resends of a multi whose shard the leader deleted meanwhile
@@ -83,6 +87,7 @@ class Store:
         self._queues_made: set[str] = set()
         self._buckets_made: set[str] = set()
         self._skeleton_made = False
+        self._multi_read: bool | None = None  # whether the server answers multiRead
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -371,10 +376,69 @@ class Store:
     def read_statuses(self, job_ids: Iterable[str]) -> Callable[[str], Versioned | None]:
         """Send the reads of many status records at once; return a getter for each.
 
-        One round trip for a batch of new assignments instead of one per job. The getter
-        behaves like read_status: None for a missing record, CorruptRecord for garbage;
-        a read cut off by the connection is tried again on its own, with retries.
+        One round trip for a batch of new assignments instead of one per job, and one
+        request per MULTI_READ_BATCH records (ZooKeeper's multiRead, multiread.py). The
+        getter behaves like read_status: None for a missing record, CorruptRecord for
+        garbage; a read cut off by the connection is tried again on its own, with
+        retries.
         """
+        ids = list(job_ids)
+        if (len(ids) < 2 or getattr(self._local, "bound", None)
+                or not self._multi_read_works(self.layout.status(ids[0]))):
+            return self._read_each(ids)
+        paths = {job_id: self.layout.status(job_id) for job_id in ids}
+        slots: dict[str, tuple] = {}
+        for start in range(0, len(ids), MULTI_READ_BATCH):
+            chunk = ids[start:start + MULTI_READ_BATCH]
+            pending = get_many_async(self.raw_client, [paths[job_id] for job_id in chunk])
+            for index, job_id in enumerate(chunk):
+                slots[job_id] = (pending, index)
+
+        def result(job_id: str) -> Versioned | None:
+            pending, index = slots[job_id]
+            try:
+                answer = pending.get(timeout=self.options.session_timeout)[index]
+            except (*TRANSIENT, self.raw_client.handler.timeout_exception):
+                return self.read_status(job_id)
+            except (UnimplementedError, ValueError, struct.error) as exc:
+                self._no_multi_read(exc)
+                return self.read_status(job_id)
+            if isinstance(answer, NoNodeError):
+                return None
+            if isinstance(answer, Exception):
+                raise answer  # as get() would (NoAuth, ...)
+            data, stat = answer
+            return Versioned(StatusRecord.from_bytes(data, path=paths[job_id]), stat.version)
+
+        return result
+
+    def _multi_read_works(self, path: str) -> bool:
+        """Whether the server answers multiRead; asked once per store.
+
+        A server before 3.6 drops a request of an opcode it does not know without a
+        reply (kazoo then drops the connection at the next reply, whose xid does not
+        match): so the first multiRead is a probe with a deadline, and whatever it does
+        not answer settles the question for this process.
+        """
+        if self._multi_read is None:
+            probe = get_many_async(self.raw_client, [path])
+            try:
+                probe.get(timeout=min(5.0, self.options.session_timeout))
+                self._multi_read = True
+            except Exception as exc:  # no answer, a reset connection, a reply it garbled
+                self._no_multi_read(exc)
+        return self._multi_read
+
+    def _no_multi_read(self, exc: BaseException) -> None:
+        if self._multi_read is not False:
+            self._multi_read = False
+            logger.warning(
+                "ZooKeeper did not answer a multiRead (%r): status records are read one "
+                "by one in this process. ZooKeeper 3.6 and newer answer it; once the "
+                "ensemble is upgraded, restart the workers.", exc)
+
+    def _read_each(self, job_ids: list[str]) -> Callable[[str], Versioned | None]:
+        """read_statuses with one get_async per record (no multiRead)."""
         pending = {job_id: self.client.get_async(self.layout.status(job_id))
                    for job_id in job_ids}
 

@@ -154,6 +154,26 @@ def test_pipelined_submits_ride_out_a_server_crash(zk_settings, own_server, star
     assert values == [n + 1 for n in range(150)] + [n + 2 for n in range(150, 200)]
 
 
+def test_a_multiread_without_answer_means_reading_one_by_one(zk_settings, own_server):
+    """A server that does not answer the first multiRead in time (frozen here; a server
+    before 3.6 drops the opcode unanswered) is read one by one from then on, and the
+    reads still answer right."""
+    from django.tasks import task_backends
+
+    store = task_backends["default"].store
+    result = tasks.add.submit(1, 1)
+    own_server.pause()
+    try:
+        assert store._multi_read_works(store.layout.status(result.id)) is False
+    finally:
+        own_server.resume()
+    missing = result.id[:-4] + "beef"
+    fetch = store.read_statuses([result.id, missing])
+    assert fetch(result.id).record.id == result.id
+    assert fetch(missing) is None
+    assert store._multi_read is False
+
+
 def test_pipelined_jobs_behind_an_unanswered_multi_share_the_next(zk_settings, own_server,
                                                                  monkeypatch):
     """ZooKeeper frozen (SIGSTOP) after a multi was sent: the jobs submitted behind it wait
