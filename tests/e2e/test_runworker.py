@@ -6,7 +6,7 @@ import pytest
 from django.tasks import TaskResultStatus
 
 from tests import tasks
-from tests.waiting import wait_for_children, wait_for_data
+from tests.waiting import wait_for_children, wait_for_data, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -127,6 +127,9 @@ def test_running_job_is_cancelled_cooperatively(backend, runworker, zk_client, t
     job = tasks.until_cancelled.submit(str(marker))
     wait_for_data(zk_client, backend.store.layout.status(job.id),
                   lambda d: d["state"] == "RUNNING")
+    # RUNNING is written before the task process gets the job: wait until it runs, or
+    # the cancel can land in between (then it is "cancelled before its task started").
+    wait_until(marker.exists, message="the task to start")
     assert job.cancel() is False  # a worker holds it: asked to stop
     job.wait(timeout=30)
     assert job.status == TaskResultStatus.FAILED
@@ -138,9 +141,11 @@ def test_running_job_is_cancelled_cooperatively(backend, runworker, zk_client, t
 def test_force_cancel_terminates_the_task_process(backend, runworker, zk_client, tmp_path):
     runworker("--concurrency", "1", name="force")
     wait_registered(zk_client, backend, 1)
-    job = tasks.ignores_cancel.submit(str(tmp_path / "started"))
+    marker = tmp_path / "started"
+    job = tasks.ignores_cancel.submit(str(marker))
     wait_for_data(zk_client, backend.store.layout.status(job.id),
                   lambda d: d["state"] == "RUNNING")
+    wait_until(marker.exists, message="the task to start")  # as in the test above
     job.cancel(force=True)
     job.wait(timeout=30)
     assert job.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
