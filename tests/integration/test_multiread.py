@@ -32,6 +32,20 @@ def test_a_read_the_acl_forbids_fails_alone(zk_client, zk_root):
     assert isinstance(answers[0], NoAuthError) and answers[1][0] == b"x"
 
 
+def test_paths_are_under_the_clients_chroot(zk_client, zk_hosts, zk_root):
+    from kazoo.client import KazooClient
+
+    zk_client.create(f"{zk_root}/x", b"chrooted", makepath=True)
+    chrooted = KazooClient(hosts=f"{zk_hosts}{zk_root}")
+    chrooted.start(timeout=15.0)
+    try:
+        [answer] = get_many_async(chrooted, ["/x"]).get(timeout=30)
+    finally:
+        chrooted.stop()
+        chrooted.close()
+    assert answer[0] == b"chrooted"
+
+
 @pytest.mark.parametrize("multi", [None, False], ids=["multiread", "one-by-one"])
 def test_status_reads_of_a_batch(backend, zk_client, monkeypatch, multi):
     """read_statuses gives the same answers with and without multiRead, across more
