@@ -288,6 +288,26 @@ def _cmdline(pid: int) -> str:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
+def _context_switches(pid: int) -> int:
+    """Voluntary plus involuntary context switches of a process's live threads.
+
+    A thread hand-off (a runner waking for its job, a reply waking its caller) is a
+    switch, so this counts what CPU seconds on a noisy VM cannot show reliably.
+    """
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    total = 0
+    for tid in tids:
+        try:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        total += sum(int(n) for n in re.findall(r"ctxt_switches:\s+(\d+)", status))
+    return total
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of one process (all its threads) so far."""
     try:
@@ -316,6 +336,11 @@ class CpuMeter:
         return {"submitter": own.ru_utime + own.ru_stime, "workers": mains + tasks,
                 "task_processes": tasks,
                 "zookeeper": sum(_cpu_seconds(pid) for pid in self.server_pids)}
+
+    def switches(self) -> int:
+        """Context switches of the worker trees so far (their live threads)."""
+        return sum(_context_switches(pid) for proc in self.procs
+                   for pid in (proc.pid, *_descendants(proc.pid)))
 
     @staticmethod
     def per_job_ms(before: dict, after: dict, jobs: int) -> dict:
@@ -539,6 +564,7 @@ class Row:
     zk_fsyncs_per_job: float | None = None
     cpu_ms_per_job: dict = field(default_factory=dict)
     drain_cpu_ms_per_job: dict = field(default_factory=dict)
+    worker_switches_per_job: float | None = None  # context switches, streaming phase
     zk_raw: dict = field(default_factory=dict)
     rss: list = field(default_factory=list)
     rss_main_mb: float = 0.0
@@ -580,6 +606,7 @@ class Phase:
         self.monitor = monitor
         self.meter = CpuMeter([zk.pid] if zk.pid else [], procs)
         self.cpu = self.meter.sample()
+        self.switches = self.meter.switches()
         self.counters = zk_counters(zk)
         self.polls = monitor.requests
 
@@ -587,6 +614,8 @@ class Phase:
         after = zk_counters(self.zk)
         delta = counter_delta(self.counters, after, self.monitor.requests - self.polls)
         delta["cpu_ms_per_job"] = CpuMeter.per_job_ms(self.cpu, self.meter.sample(), jobs)
+        delta["worker_switches_per_job"] = round(
+            (self.meter.switches() - self.switches) / jobs, 2)
         return delta
 
 
@@ -691,6 +720,7 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         row.e2e_per_s = args.jobs / (last - t0)
         row.zk_raw["stream"] = delta
         row.cpu_ms_per_job = delta["cpu_ms_per_job"]
+        row.worker_switches_per_job = delta["worker_switches_per_job"]
         row.zk_requests_per_job = delta["received"] / args.jobs
         row.zk_sent_per_job = delta["sent"] / args.jobs
         row.zk_txns_per_job = delta["txns"] / args.jobs
@@ -921,6 +951,7 @@ DETAIL_COLUMNS = (
     ("CPU ms/job stream: submitter", lambda r: r.cpu_ms_per_job.get("submitter"), "{:.2f}"),
     ("workers", lambda r: r.cpu_ms_per_job.get("workers"), "{:.2f}"),
     ("(tasks)", lambda r: r.cpu_ms_per_job.get("task_processes"), "{:.2f}"),
+    ("switches", lambda r: r.worker_switches_per_job, "{:.1f}"),
     ("ZK", lambda r: r.cpu_ms_per_job.get("zookeeper"), "{:.2f}"),
     ("drain: workers", lambda r: r.drain_cpu_ms_per_job.get("workers"), "{:.2f}"),
     ("ZK", lambda r: r.drain_cpu_ms_per_job.get("zookeeper"), "{:.2f}"),
@@ -1207,7 +1238,8 @@ def main(argv=None) -> int:
                   "(bench/peer.py): the ZooKeeper floor for the same transitions.")
         print("\ndetails: submit/s, ZooKeeper requests and CPU per submit with no worker "
               "running; requests and\nwrite txns per job while draining that backlog; CPU ms "
-              "per job by process (streaming\nphase, then backlog drain); median latency split "
+              "per job by process (streaming\nphase, then backlog drain); switches = context "
+              "switches of the worker processes per\njob (streaming); median latency split "
               "into enqueued->started, started->finished,\nfinished->waiter woke.")
         if zk_rows:
             print(format_table(zk_rows, DETAIL_COLUMNS, left=1))
