@@ -86,7 +86,8 @@ class Committer:
 
     # -- runner threads ----------------------------------------------------------------
 
-    def begin(self, worker_id: str, job_id: str, running: bytes, version: int) -> Commit:
+    def begin(self, worker_id: str, job_id: str, running: bytes, version: int, *,
+              wait: bool = True) -> Commit:
         """Record RUNNING for a job about to run; block until written or refused.
 
         Return the job's handle; `handle.refused` means the assignment is not ours any
@@ -96,7 +97,8 @@ class Committer:
         with self._cond:
             self._waiting[id(commit)] = commit
             self._cond.notify()
-        commit.started.wait()
+        if wait:
+            commit.started.wait()
         return commit
 
     def finish(self, commit: Commit, final: StatusRecord, *, requeue: bool,

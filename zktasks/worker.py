@@ -1,9 +1,10 @@
 """The worker: register, take assignments, run them, record outcomes; knows no argparse.
 
 One main thread reads the worker's own assignments when its watch fires (rule 7: a
-worker watches only its own parent) and queues them; runner threads each take one,
-record RUNNING (fenced by the assignment znode), hand it to the executor, then record the
-outcome and delete the assignment in one multi. There are twice as many runners as
+worker watches only its own parent) and queues them; runner threads each take one (or
+a few jobs shorter than a round trip, see `MAX_STARTS`), record RUNNING (fenced by the
+assignment znode), hand it to the executor, then record the outcome and delete the
+assignment in one multi. There are twice as many runners as
 execution slots (`concurrency`): for short jobs, the next one's RUNNING write is in
 flight while a job runs, so a slot does not idle for a ZooKeeper round trip (see
 `LOOKAHEAD`). Every worker also contends for leadership (leader.py) unless told not to.
@@ -61,6 +62,14 @@ _STOP = object()
 # beside it (WorkerLost), as any job started in that worker would be.
 LOOKAHEAD = 2
 LOOKAHEAD_MAX_S = 0.05
+# A runner that finds more ready jobs than idle runners takes several at once while jobs
+# are shorter than a round trip, and hands all their starts to the committer in one go:
+# one wake-up and one wait instead of one per job. The batch is cut so that its jobs add
+# up to about BATCH_SPAN_S: a job waits RUNNING behind the others of its batch about that
+# long at most. Longer jobs go one by one (batched, 10 ms jobs lost throughput to runners
+# holding jobs while others idled).
+MAX_STARTS = 8
+BATCH_SPAN_S = 0.002
 
 
 @dataclass(order=True)
@@ -114,6 +123,8 @@ class Worker:
         self._ready: list[_Queued] = []
         self._known: set[str] = set()       # assigned to the current identity, not finished
         self._running: dict[str, str] = {}  # job_id -> worker_id it runs under
+        self._idle_runners = 0              # runner threads waiting for a job
+        self.batched_starts = 0             # jobs started in a runner's batch (MAX_STARTS)
         self._paused = False
         self._draining = False
         self._stopping = threading.Event()
@@ -389,23 +400,30 @@ class Worker:
                 self._known -= taken_back
             new = current - self._known
         fetch = self.store.read_statuses(sorted(new))
-        for job_id in sorted(new):
-            try:
-                found = fetch(job_id)
-            except CorruptRecord as exc:
-                self._fail_corrupt(worker_id, job_id, exc)
-                continue
-            except TRANSIENT:
-                return
-            if found is None:
-                self._set_aside_orphan(worker_id, job_id)
-                continue
-            record = found.record
-            with self._cond:
-                self._known.add(job_id)
-                heapq.heappush(self._ready, _Queued((-record.priority, job_id), job_id,
-                                                    found, worker_id))
-                self._cond.notify()
+        ready = []
+        try:
+            for job_id in sorted(new):
+                try:
+                    found = fetch(job_id)
+                except CorruptRecord as exc:
+                    self._fail_corrupt(worker_id, job_id, exc)
+                    continue
+                except TRANSIENT:
+                    return
+                if found is None:
+                    self._set_aside_orphan(worker_id, job_id)
+                    continue
+                ready.append(_Queued((-found.record.priority, job_id), job_id, found,
+                                     worker_id))
+        finally:
+            # All at once: a runner woken here sees the whole batch (and may take several
+            # short jobs, _runner_loop), and the runners are woken once, not per job.
+            if ready:
+                with self._cond:
+                    for item in ready:
+                        self._known.add(item.job_id)
+                        heapq.heappush(self._ready, item)
+                    self._cond.notify(len(ready))
 
     def _read_cancels(self) -> None:
         """Act on cancel requests for jobs this worker holds.
@@ -524,38 +542,82 @@ class Worker:
                 ):
                     if self._draining and not self._ready:
                         break
-                    self._cond.wait(1.0)
+                    self._idle_runners += 1
+                    try:
+                        self._cond.wait(1.0)
+                    finally:
+                        self._idle_runners -= 1
                 if self._stopping.is_set() or self._draining:
                     return
-                item = heapq.heappop(self._ready)
-                self._running[item.job_id] = item.worker_id
-            handed_over = False
+                items = [heapq.heappop(self._ready)]
+                extra = min(len(self._ready) - self._idle_runners, self._batch_size() - 1)
+                for _ in range(extra):
+                    items.append(heapq.heappop(self._ready))
+                if extra > 0:
+                    self.batched_starts += len(items)
+                for item in items:
+                    self._running[item.job_id] = item.worker_id
+            handed_over = set()
             try:
-                handed_over = self._process(item)
-            except (ZooKeeperUnavailableError, KazooException) as exc:
-                # Typically our session expired mid-job: the leader hands the job back.
-                logger.warning("could not record job=%s error=%r; the leader hands it back "
-                               "once this identity's session is gone", item.job_id, exc)
-            except Exception:
-                logger.exception("unexpected error running job=%s; it stays assigned and "
-                                 "will be handed back when this worker leaves", item.job_id)
+                if len(items) == 1:
+                    if self._guarded(items[0], self._process, items[0]):
+                        handed_over.add(items[0].job_id)
+                else:
+                    # Every start first (the committer writes them together), then each
+                    # job in turn, each failure kept to its own job.
+                    begun = [(i, self._guarded(i, self._begin, i, wait=False)) for i in items]
+                    for item, started in begun:
+                        if self._stopping.is_set():
+                            # A forced stop: the rest stay assigned, RUNNING; the leader
+                            # hands them back once our session ends (at-least-once).
+                            break
+                        if started is not None and self._guarded(item, self._execute, item,
+                                                                  started):
+                            handed_over.add(item.job_id)
             finally:
                 with self._cond:
-                    self._running.pop(item.job_id, None)
-                    if not handed_over:
-                        # Otherwise it stays known until its outcome is recorded (or
-                        # refused): its assignment is still there until then.
-                        self._known.discard(item.job_id)
-                self._wake_if_draining(item.job_id)
+                    for item in items:
+                        self._running.pop(item.job_id, None)
+                        if item.job_id not in handed_over:
+                            # Otherwise it stays known until its outcome is recorded (or
+                            # refused): its assignment is still there until then.
+                            self._known.discard(item.job_id)
+                for item in items:
+                    self._wake_if_draining(item.job_id)
+
+    def _batch_size(self) -> int:
+        average = self._run_avg
+        if average is None or average > BATCH_SPAN_S:
+            return 1
+        return max(1, min(MAX_STARTS, int(BATCH_SPAN_S / max(average, 1e-6))))
+
+    def _guarded(self, item: _Queued, step, *args, **kwargs):
+        """Run one step of one job and return its result, or None if it failed (logged;
+        no other job is touched)."""
+        try:
+            return step(*args, **kwargs)
+        except (ZooKeeperUnavailableError, KazooException) as exc:
+            # Typically our session expired mid-job: the leader hands the job back.
+            logger.warning("could not record job=%s error=%r; the leader hands it back "
+                           "once this identity's session is gone", item.job_id, exc)
+        except Exception:
+            logger.exception("unexpected error running job=%s; it stays assigned and "
+                             "will be handed back when this worker leaves", item.job_id)
+        return None
 
     def _process(self, item: _Queued) -> bool:
         """Run one job; return True if its outcome was handed to the committer."""
+        begun = self._begin(item)
+        return begun is not None and self._execute(item, begun)
+
+    def _begin(self, item: _Queued, *, wait: bool = True):
+        """Record RUNNING for a job; return what _execute needs, or None if not ours."""
         job_id, worker_id = item.job_id, item.worker_id
         record, version = item.found.record, item.found.version
         key = self.options.signing_key
         if record.is_finished:
             self.store.drop_assignment(worker_id, job_id)  # cancelled or already done
-            return False
+            return None
         try:
             blob = envelope.open_envelope(record.payload, job_id=job_id,
                                           kind=envelope.PAYLOAD, key=key)
@@ -569,7 +631,7 @@ class Worker:
             self._finish(item, record, version, Outcome(
                 ok=False, error=ErrorRecord.from_exception(exc, worker_id=worker_id)),
                 dead_letter=note)
-            return False
+            return None
         now = records.now()
         running = record.evolve(
             state=records.RUNNING, attempts=record.attempts + 1,
@@ -579,10 +641,17 @@ class Worker:
         running_bytes = running.to_bytes()
         # Recorded (fenced by our assignment) before the job runs, in a multi shared with
         # other jobs' writes (committer.py).
-        commit = self.committer.begin(worker_id, job_id, running_bytes, version)
+        commit = self.committer.begin(worker_id, job_id, running_bytes, version, wait=wait)
+        return blob, running, running_bytes, commit
+
+    def _execute(self, item: _Queued, begun) -> bool:
+        """Run a job whose start was handed to the committer; True if its outcome was."""
+        job_id, worker_id = item.job_id, item.worker_id
+        blob, running, running_bytes, commit = begun
+        commit.started.wait()
         if commit.refused:
             return False  # taken back (cancelled, or we were presumed dead): not ours
-        logger.info("job started job=%s task=%s attempt=%d worker=%s", job_id, record.task,
+        logger.info("job started job=%s task=%s attempt=%d worker=%s", job_id, running.task,
                     running.attempts, worker_id)
         call = None
         if self._wants(task_started) or self._wants(task_finished):
@@ -591,7 +660,7 @@ class Worker:
         with self._slots:  # a lookahead runner waits here for a free slot
             began = time.monotonic()
             outcome = self.runner.run(Execution(
-                job_id=job_id, blob=blob, record_json=running_bytes, timeout=record.timeout,
+                job_id=job_id, blob=blob, record_json=running_bytes, timeout=running.timeout,
                 attempt=running.attempts, takes_context=running.takes_context,
             ))
             took = time.monotonic() - began

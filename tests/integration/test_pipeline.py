@@ -127,3 +127,24 @@ def test_lookahead_runners_never_exceed_concurrency(backend, start_worker, tmp_p
     assert all(job.wait(timeout=60).return_value is True for job in jobs)
     assert not list(tmp_path.glob("overlap-*"))
     assert worker._short_jobs()  # the lookahead runners were allowed to take jobs
+
+
+def test_a_runner_starts_a_batch_of_short_jobs_together_and_runs_each_once(
+        backend, start_worker, tmp_path):
+    # Jobs shorter than a round trip: a runner that finds more ready jobs than idle
+    # runners takes several, records their starts together, then runs them in turn
+    # (worker.MAX_STARTS). Each still runs exactly once, started before it ran.
+    worker = start_worker(concurrency=1, prefetch=16)
+    for _ in range(200):  # until the worker's moving average says jobs are short
+        if worker._batch_size() > 1:
+            break
+        tasks.mark.submit(str(tmp_path), -1).wait(timeout=30)
+    assert worker._batch_size() > 1
+    jobs = tasks.mark.submit_many([((str(tmp_path), n), {}) for n in range(40)])
+    done = [job.wait(timeout=60) for job in jobs]
+    assert [job.return_value for job in done] == list(range(40))
+    assert all(job.attempts == 1 and job.started_at <= job.finished_at for job in done)
+    runs = sorted(int(p.name.split("-")[0]) for p in tmp_path.iterdir()
+                  if not p.name.startswith("-"))
+    assert runs == list(range(40))
+    assert worker.batched_starts > 0
