@@ -116,7 +116,9 @@ class Command(BaseCommand):
         level = _LEVELS.get(verbosity, logging.DEBUG)
         logger = logging.getLogger("zktasks")
         if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(sys.stderr)
+            from zktasks.loghandler import GroupingStreamHandler
+
+            handler = GroupingStreamHandler(sys.stderr)
             handler.setFormatter(logging.Formatter(
                 "%(asctime)s %(levelname)s %(name)s %(message)s"))
             logger.addHandler(handler)
