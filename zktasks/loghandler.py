@@ -48,7 +48,8 @@ class GroupingStreamHandler(logging.StreamHandler):
         except RecursionError:  # as StreamHandler does
             raise
         except Exception:
-            self._lines.clear()
+            # A record that cannot be formatted never joined the held lines, which stay
+            # for the next write; lines a failed write took are gone with it.
             self.handleError(record)
 
     def _write(self, now: float) -> None:
@@ -72,8 +73,10 @@ class GroupingStreamHandler(logging.StreamHandler):
             time.sleep(self.delay)
             try:
                 self.flush()
-            except Exception:  # a closed stream at exit: nothing left to do
-                return
+            except Exception:
+                # The lines of a failed write are lost with it (as with StreamHandler);
+                # the flusher stays, so later lines still leave within the delay.
+                pass
 
     def close(self) -> None:
         try:

@@ -559,21 +559,17 @@ class Worker:
                     self._running[item.job_id] = item.worker_id
             handed_over = set()
             try:
-                if len(items) == 1:
-                    if self._guarded(items[0], self._process, items[0]):
-                        handed_over.add(items[0].job_id)
-                else:
-                    # Every start first (the committer writes them together), then each
-                    # job in turn, each failure kept to its own job.
-                    begun = [(i, self._guarded(i, self._begin, i, wait=False)) for i in items]
-                    for item, started in begun:
-                        if self._stopping.is_set():
-                            # A forced stop: the rest stay assigned, RUNNING; the leader
-                            # hands them back once our session ends (at-least-once).
-                            break
-                        if started is not None and self._guarded(item, self._execute, item,
-                                                                  started):
-                            handed_over.add(item.job_id)
+                # Every start first (the committer writes a batch's together), then each
+                # job in turn once its own start is recorded; a failure stays its job's.
+                begun = [(item, self._guarded(item, self._begin, item)) for item in items]
+                for item, started in begun:
+                    if self._stopping.is_set():
+                        # A forced stop: the rest stay assigned, RUNNING; the leader
+                        # hands them back once our session ends (at-least-once).
+                        break
+                    if started is not None and self._guarded(item, self._execute, item,
+                                                              started):
+                        handed_over.add(item.job_id)
             finally:
                 with self._cond:
                     for item in items:
@@ -589,7 +585,7 @@ class Worker:
         average = self._run_avg
         if average is None or average > BATCH_SPAN_S:
             return 1
-        return max(1, min(MAX_STARTS, int(BATCH_SPAN_S / max(average, 1e-6))))
+        return min(MAX_STARTS, int(BATCH_SPAN_S / max(average, 1e-6)))
 
     def _guarded(self, item: _Queued, step, *args, **kwargs):
         """Run one step of one job and return its result, or None if it failed (logged;
@@ -605,13 +601,9 @@ class Worker:
                              "will be handed back when this worker leaves", item.job_id)
         return None
 
-    def _process(self, item: _Queued) -> bool:
-        """Run one job; return True if its outcome was handed to the committer."""
-        begun = self._begin(item)
-        return begun is not None and self._execute(item, begun)
-
-    def _begin(self, item: _Queued, *, wait: bool = True):
-        """Record RUNNING for a job; return what _execute needs, or None if not ours."""
+    def _begin(self, item: _Queued):
+        """Hand a job's RUNNING record to the committer (not waiting for it); return what
+        _execute needs, or None if the job is not to run."""
         job_id, worker_id = item.job_id, item.worker_id
         record, version = item.found.record, item.found.version
         key = self.options.signing_key
@@ -641,7 +633,7 @@ class Worker:
         running_bytes = running.to_bytes()
         # Recorded (fenced by our assignment) before the job runs, in a multi shared with
         # other jobs' writes (committer.py).
-        commit = self.committer.begin(worker_id, job_id, running_bytes, version, wait=wait)
+        commit = self.committer.begin(worker_id, job_id, running_bytes, version, wait=False)
         return blob, running, running_bytes, commit
 
     def _execute(self, item: _Queued, begun) -> bool:

@@ -73,11 +73,13 @@ def test_the_flusher_writes_held_lines_when_no_other_line_comes(log):
     assert stream.getvalue() == "INFO first\nINFO held\n"
 
 
-def test_a_line_that_cannot_be_formatted_is_reported_and_the_next_ones_still_go(log, capsys):
+def test_a_line_that_cannot_be_formatted_is_reported_and_no_other_line_is_lost(log, capsys):
     logger, handler, stream = log(delay=3600)
+    logger.info("first")
+    logger.info("held")  # waits: "first" was written just now
     # Straight to the handler: pytest's own capture handlers would fail the test first.
     bad = logging.LogRecord("x", logging.INFO, __file__, 1, "%d", ("not a number",), None)
     handler.handle(bad)  # logging reports it (raiseExceptions) on stderr
     assert "--- Logging error ---" in capsys.readouterr().err
     logger.warning("fine")
-    assert stream.getvalue() == "WARNING fine\n"
+    assert stream.getvalue() == "INFO first\nINFO held\nWARNING fine\n"
