@@ -34,6 +34,7 @@ from .exceptions import (
     PayloadVerificationError,
     ZooKeeperUnavailableError,
 )
+from .handler import inline_watch
 from .pipeline import current as pipeline_of
 from .records import StatusRecord
 from .store import Store, failures
@@ -343,8 +344,9 @@ class ZooKeeperBackend(BaseTaskBackend):
         changed = threading.Event()
         store = self.store
 
+        @inline_watch
         def on_change(event):
-            # Runs on kazoo's event thread: only signal.
+            # Runs on kazoo's connection thread (handler.py): only signal.
             changed.set()
 
         while True:

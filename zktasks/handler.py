@@ -19,8 +19,17 @@ profiles of a busy worker put Condition.wait/notify at a fifth of its samples. k
 offers these as the handler's `queue_impl` and `async_result()`; the AsyncResult keeps
 kazoo's semantics (value or exception set once, callbacks through the completion queue,
 or at once when the handler is stopped).
+
+kazoo hands every watch event from its connection thread to its callback thread, which
+calls the watch function. Ours only signal the thread that does the work (set an Event,
+put on a queue): a watch function marked with `inline_watch` runs on the connection
+thread itself, one thread hand-off fewer per event (a job sees two: the leader's on its
+pending shard, the worker's on its assignments; a waiter sees a third). Such a function
+must not block or call ZooKeeper (rule 5); kazoo's recipes and unmarked watches keep
+kazoo's callback thread.
 """
 
+import logging
 import queue
 import selectors
 import threading
@@ -30,7 +39,17 @@ from kazoo.handlers.threading import AsyncResult, KazooTimeoutError, SequentialT
 
 from .latch import Latch
 
+logger = logging.getLogger(__name__)
+
 _KEEP = 4  # selectors kept per thread: kazoo uses three sets per connection
+_INLINE = "_zktasks_inline"
+
+
+def inline_watch(func):
+    """Mark a watch function to run on kazoo's connection thread (see the module's doc):
+    it may only signal another thread, never block or call ZooKeeper."""
+    setattr(func, _INLINE, True)
+    return func
 
 
 class _Queue(queue.SimpleQueue):
@@ -139,6 +158,15 @@ class SelectorCachingHandler(SequentialThreadingHandler):
 
     def async_result(self):
         return LatchAsyncResult(self)
+
+    def dispatch_callback(self, callback):
+        if callback.type == "watch" and getattr(callback.func, _INLINE, False):
+            try:
+                callback.func(*callback.args)
+            except Exception:  # never into kazoo's connection loop
+                logger.exception("watch function %r failed", callback.func)
+            return
+        super().dispatch_callback(callback)
 
     @staticmethod
     def _build(rlist, wlist) -> selectors.BaseSelector:

@@ -31,6 +31,7 @@ from kazoo.protocol.states import EventType, KazooState
 
 from . import deadletter, records
 from .exceptions import CorruptRecord, ZooKeeperUnavailableError
+from .handler import inline_watch
 from .store import TRANSIENT, Store, failures
 from .tree import (
     delayed_shards,
@@ -198,6 +199,7 @@ class Leader:
         self.wake.set()
 
     def _watch(self, key: str):
+        @inline_watch  # it only marks and wakes: run on kazoo's connection thread
         def fire(event):
             # kazoo fires NONE on disconnect and forgets the watch: re-read everything.
             self.mark("*" if event.type == EventType.NONE else key)

@@ -42,6 +42,7 @@ from .exceptions import (
     ZooKeeperUnavailableError,
 )
 from .executor import Execution, Outcome, make_runner
+from .handler import inline_watch
 from .leader import Leader
 from .records import ErrorRecord, StatusRecord
 from .store import TRANSIENT, Store, Versioned, failures
@@ -272,12 +273,15 @@ class Worker:
         if self.leader is not None:
             self.leader.on_state(state)
 
+    @inline_watch
     def _on_own_znode(self, event) -> None:
         self._events.put(("own", None))
 
+    @inline_watch
     def _on_cancels(self, event) -> None:
         self._events.put(("cancels", None))
 
+    @inline_watch
     def _on_assignments(self, event) -> None:
         self._events.put(("assignments", event.type == EventType.NONE))
 
