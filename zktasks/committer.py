@@ -86,19 +86,17 @@ class Committer:
 
     # -- runner threads ----------------------------------------------------------------
 
-    def begin(self, worker_id: str, job_id: str, running: bytes, version: int, *,
-              wait: bool = True) -> Commit:
-        """Record RUNNING for a job about to run; block until written or refused.
+    def begin(self, worker_id: str, job_id: str, running: bytes, version: int) -> Commit:
+        """Queue the RUNNING record of a job about to run; return the job's handle.
 
-        Return the job's handle; `handle.refused` means the assignment is not ours any
-        more (taken back, or our session ended): do not run the job.
+        Wait on `handle.started` before running the job (a runner queues a batch's starts
+        first, so they share a multi); then `handle.refused` means the assignment is not
+        ours any more (taken back, or our session ended): do not run the job.
         """
         commit = Commit(worker_id, job_id, version, start=running, due=time.monotonic())
         with self._cond:
             self._waiting[id(commit)] = commit
             self._cond.notify()
-        if wait:
-            commit.started.wait()
         return commit
 
     def finish(self, commit: Commit, final: StatusRecord, *, requeue: bool,

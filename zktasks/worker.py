@@ -637,7 +637,7 @@ class Worker:
         running_bytes = running.to_bytes()
         # Recorded (fenced by our assignment) before the job runs, in a multi shared with
         # other jobs' writes (committer.py).
-        commit = self.committer.begin(worker_id, job_id, running_bytes, version, wait=False)
+        commit = self.committer.begin(worker_id, job_id, running_bytes, version)
         return blob, running, running_bytes, commit
 
     def _execute(self, item: _Queued, begun) -> bool:

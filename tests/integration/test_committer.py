@@ -57,6 +57,7 @@ def test_one_stale_job_does_not_sink_its_batch(backend, zk_client):
         running = v.record.evolve(state=records.RUNNING, attempts=1, worker_ids=(worker_id,),
                                   started_at=records.now())
         commit = committer.begin(worker_id, v.record.id, running.to_bytes(), v.version)
+        assert commit.started.wait(30)
         assert not commit.refused
         commits.append((commit, running))
     # The middle job is taken back (as the leader does for a worker presumed dead).
@@ -87,6 +88,7 @@ def test_a_start_on_a_taken_back_assignment_is_refused(backend, zk_client):
         running = found.record.evolve(state=records.RUNNING, attempts=1)
         commit = committer.begin(worker_id, found.record.id, running.to_bytes(),
                                  found.version)
+        assert commit.started.wait(30)
         assert commit.refused  # the worker does not run it
         assert store.read_status(found.record.id).record.state == records.READY
     finally:

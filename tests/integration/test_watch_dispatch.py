@@ -48,7 +48,7 @@ def test_an_inline_watch_runs_on_the_connection_thread_and_others_on_kazoos(zk_h
         assert inline_path == plain_path == zk_root
         assert "_read_watch_event" in inline_stack  # called from the connection loop
         assert "_read_watch_event" not in plain_stack  # from kazoo's callback queue
-        assert inline_thread != plain_thread != threading.get_ident()
+        assert len({inline_thread, plain_thread, threading.get_ident()}) == 3
     finally:
         client.stop()
         client.close()
