@@ -116,6 +116,7 @@ class Leader:
         self.pending: dict[str, list[str]] = {}
         self.max_listed = 0  # the longest children list read (tests, the scale bench)
         self._sweep_at: float | None = None  # when a kept empty shard becomes deletable
+        self._born: dict[str, float] = {}  # shard key -> its znode's ctime (epoch seconds)
         self._stale: set[str] = set()  # queues whose pending view plan() left wrong
         self.delayed: list[str] = []  # sorted names of due jobs: the first is due first
         self._delayed_next_ms: int | None = None  # the first due time not loaded yet
@@ -442,6 +443,8 @@ class Leader:
         self.max_listed = max(self.max_listed, len(names))
 
     def _forget_queue(self, queue: str) -> None:
+        for shard in self.loaded.get(queue, {}):
+            self._born.pop(f"s:{queue}/{shard}", None)
         self.shards.pop(queue, None)
         self.loaded.pop(queue, None)
         self.pending.pop(queue, None)
@@ -475,8 +478,9 @@ class Leader:
                     if nodes is not None and self._defer(key, queue, full, now):
                         pass
                     else:
-                        names = self.store.children(self.layout.shard(queue, shard),
-                                                    watch=self._watch(key))
+                        names, born = self.store.children_and_ctime(
+                            self.layout.shard(queue, shard), watch=self._watch(key))
+                        self._born[key] = born
                         self._seen(names)
                         nodes = sorted(n for n in names if parse_job_node(n))
                         self._listed_at[key] = now
@@ -487,7 +491,7 @@ class Leader:
                                 kind="foreign_name",
                                 reason=f"{name!r} in shard {queue}/{shard} is not a pending "
                                        "job's name ('{100-priority:03d}-{job_id}').")
-                if not nodes and self._sweep(queue, shard):
+                if not nodes and self._sweep(queue, shard, key):
                     gone.add(shard)
                     continue
                 kept[shard] = nodes
@@ -497,14 +501,22 @@ class Leader:
             if changed or kept.keys() != loaded.keys():
                 for shard in loaded.keys() - kept.keys():
                     self._listed_at.pop(f"s:{queue}/{shard}", None)
+                    self._born.pop(f"s:{queue}/{shard}", None)
                 self.loaded[queue] = kept
                 self.pending[queue] = [n for nodes in kept.values() for n in nodes]
         self._stale.clear()
 
-    def _sweep(self, queue: str, shard: str) -> bool:
-        """Delete an empty shard if old enough; True if it is gone."""
+    def _sweep(self, queue: str, shard: str, key: str) -> bool:
+        """Delete an empty shard if old enough; True if it is gone.
+
+        Old enough: its second is SHARD_GRACE past, and so is the znode's creation. A
+        submitter that made the shard again (a late clock, a retried submit) sends its
+        job right after; deleting the shard in between would send it round again, and a
+        leader that sweeps each new shard at once could keep it going round.
+        """
         parsed = parse_shard(shard)
-        deletable_at = parsed[1] + SHARD_GRACE + 1 if parsed else 0
+        deletable_at = max(parsed[1] + SHARD_GRACE + 1 if parsed else 0,
+                           self._born.get(key, 0.0) + SHARD_GRACE)
         if time.time() < deletable_at:
             self._sweep_at = min(self._sweep_at or deletable_at, deletable_at)
             return False

@@ -159,30 +159,43 @@ class Store:
         multi sent again. `waiting` names the pending-job paths the multi creates: when
         their shard is missing it is made and the multi sent again (see `with_shards`).
         """
-        return self.with_shards(lambda: self._commit_once(build, landed, deadline), waiting)
+        return self.with_shards(build, waiting,
+                                send=lambda b: self._commit_once(b, landed, deadline))
 
-    def with_shards(self, send: Callable, waiting: Iterable[str] = ()):
-        """Send a multi that creates pending jobs; make their missing shards and resend.
+    def with_shards(self, build: Callable, waiting: Iterable[str] = (), *,
+                    send: Callable | None = None):
+        """Send the multi `build(txn)` fills; when it creates a pending or delayed job
+        whose shard is missing, make the shard and send it again.
 
         Shards are made lazily (a submitter does not pay an exists() per job) and deleted
         by the leader once empty, so a job create can meet NoNode: the multi then wrote
-        nothing, the shards are created (NodeExists is fine) and the multi is sent again.
-        If the leader deletes a shard again in between, we go round again; only when no
-        shard was missing is the NoNode someone else's (the caller's) to explain.
+        nothing, the shards are made (NodeExists is fine: another submitter made it
+        meanwhile) and the multi is sent again. If the leader deletes a shard again in
+        between, we go round again. The op that failed decides: a NoNode on any other
+        path (an assignment taken back, a record purged) is the caller's to explain, and
+        is returned at once. `send(build)` commits (default: one plain multi).
         """
-        waiting = list(waiting)
+        send = send or self._commit_raw
+        waiting = set(waiting)
+        paths: list[str] = []
+
+        def recording(txn):
+            build(txn)
+            paths[:] = [op.path for op in txn.operations]
+
         for _ in range(SHARD_ROUNDS):
-            results = send()
+            results = send(recording)
             failed = failures(results)
             if not (waiting and failed and isinstance(failed[0][1], NoNodeError)
+                    and paths[failed[0][0]] in waiting
                     and self.make_shards(waiting)):
                 return results
         return results
 
     def make_shards(self, paths: Iterable[str]) -> bool:
-        """Create the shards of pending-job and delayed-job paths (with their queue or
-        due minute); True if one was missing."""
-        made = False
+        """Make the shards of pending-job and delayed-job paths (with their queue or due
+        minute); True if the paths have shards and each is there now (made by us or by
+        someone else)."""
         wanted = set()
         for base in (self.layout.jobs, self.layout.delayed):
             depth = base.count("/") + 3  # base/{queue|minute}/{shard}/{job}
@@ -192,13 +205,14 @@ class Store:
             for _ in range(SHARD_ROUNDS):
                 try:
                     self.retry(self.client.create, shard, b"", makepath=True)
-                    made = True
                 except NodeExistsError:
                     pass
                 except NoNodeError:
                     continue  # the leader swept the new parent meanwhile: again
                 break
-        return made
+            else:
+                return False
+        return bool(wanted)
 
     def _commit_once(self, build, landed, deadline):
         uncertain = False
@@ -459,6 +473,16 @@ class Store:
             return self.retry(self.client.get_children, path, watch=watch)
         except NoNodeError:
             return []
+
+    def children_and_ctime(self, path: str, watch=None) -> tuple[list[str], float]:
+        """The children of `path` and when it was created (epoch seconds, the server's
+        clock), in one read; ([], 0.0) if it does not exist."""
+        try:
+            names, stat = self.retry(self.client.get_children, path, watch=watch,
+                                     include_data=True)
+        except NoNodeError:
+            return [], 0.0
+        return names, stat.ctime / 1000
 
     # -- worker transitions ----------------------------------------------------------
 
@@ -774,7 +798,7 @@ class Store:
             else:
                 txn.set_data(schedule_path, state, version=version)
 
-        return self.with_shards(lambda: self._commit_raw(build), [waiting])
+        return self.with_shards(build, [waiting])
 
     def promote(self, fence: str, names: Iterable[tuple[str, str, str]]) -> list:
         """Move due delayed jobs to their queue: names are (delayed_name, queue, job_node)."""
@@ -788,7 +812,7 @@ class Store:
                 txn.delete(self.layout.delayed_job(delayed_name))
 
         waiting = [self.layout.job(queue, node) for _, queue, node in names]
-        return self.with_shards(lambda: self._commit_raw(build), waiting)
+        return self.with_shards(build, waiting)
 
     def requeue(self, fence: str, worker_id: str, job_id: str, queue: str, node: str,
                 status: Versioned | None) -> list:
@@ -840,11 +864,11 @@ class Store:
                 for path in cleanup:
                     txn.delete(path)
 
-        results = self.with_shards(lambda: self._commit_raw(build), waiting)
+        results = self.with_shards(build, waiting)
         failed = failures(results)
         if failed and failed[0][0] != 0 and self.forget_bucket_if_gone(index, failed):
             index = self.index_path(lost_record)  # expired or purged meanwhile: remake
-            results = self.with_shards(lambda: self._commit_raw(build), waiting)
+            results = self.with_shards(build, waiting)
         return results
 
     def delete_shard(self, fence: str, queue: str, shard: str) -> list:
@@ -866,7 +890,7 @@ class Store:
                 txn.delete(self.layout.unsharded_job(queue, node))
 
         waiting = [self.layout.job(queue, node) for node in nodes]
-        return self.with_shards(lambda: self._commit_raw(build), waiting)
+        return self.with_shards(build, waiting)
 
     def delete_paths(self, fence: str | None, paths: list[str]) -> int:
         """Delete znodes in multis of 50 (fenced if given); return how many this call
@@ -911,7 +935,7 @@ class Store:
                 txn.delete(self.layout.unsharded_delayed_job(name))
 
         waiting = [self.layout.delayed_job(name) for name in names]
-        return self.with_shards(lambda: self._commit_raw(build), waiting)
+        return self.with_shards(build, waiting)
 
     def _commit_raw(self, build):
         txn = self.client.transaction()

@@ -8,13 +8,14 @@ import threading
 import time
 
 import pytest
+from kazoo.exceptions import NoNodeError
 
 from tests import tasks
 from tests.pending import pending_nodes
 from tests.waiting import wait_until
 from zktasks import SerializationError
-from zktasks.leader import Leader
-from zktasks.store import BULK_JOBS
+from zktasks.leader import SHARD_GRACE, Leader
+from zktasks.store import BULK_JOBS, failures
 from zktasks.tree import job_node_name, parse_shard, shard_name
 
 NOW_MS = int(time.time() * 1000)
@@ -92,37 +93,49 @@ def test_a_backlog_spanning_many_shards_drains(backend, start_worker, tmp_path):
     assert leader.max_listed <= 240  # the shard list; never the 1,200 jobs at once
 
 
-def test_an_empty_old_shard_swept_while_submits_race_into_it(backend, start_worker, tmp_path):
-    """The leader deletes an old shard each time it empties while submitters keep putting
-    jobs with that second into it: each submit either lands before the delete (NotEmpty)
-    or meets NoNode and makes the shard again. No job is lost, none fails to submit."""
+def test_an_empty_old_shard_swept_while_submits_race_into_it(backend, start_worker, tmp_path,
+                                                             zk_client):
+    """The leader deletes an old shard once it is empty and SHARD_GRACE past its creation,
+    while submitters keep putting jobs with that second into it: each submit lands
+    before the delete (NotEmpty), or meets NoNode and makes the shard again. Two rounds
+    of three racing submitters, the shard swept after each: no job is lost, none fails
+    to submit, and the second round remakes the shard."""
     start_worker(concurrency=4)
     old_ms = NOW_MS - 120_000
     layout = backend.store.layout
     shard = layout.shard("default", shard_name(0, job_id_at(old_ms)))
     submitted = []
     errors = []
+    swept = threading.Semaphore(0)
+
+    def watch(data, stat, event):
+        if event is not None and event.type == "DELETED":
+            swept.release()
 
     def submitter(offset):
         try:
-            for i in range(60):
+            for i in range(30):
                 submitted.append(submit_at(backend, tasks.mark, old_ms + 1, str(tmp_path),
                                            offset + i, counter=offset + i))
         except Exception as exc:  # pragma: no cover - the assertion below reports it
             errors.append(exc)
 
-    # Before the submitters start: an empty shard of that second, already deletable.
+    # Before the submitters start: an empty shard of that second.
     backend.store.client.ensure_path(shard)
-    threads = [threading.Thread(target=submitter, args=(k * 1000,)) for k in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert errors == []
-    for result in submitted:
-        assert result.wait(timeout=60).status == "SUCCESSFUL"
+    zk_client.DataWatch(shard, watch)
+    for round_ in range(2):
+        threads = [threading.Thread(target=submitter, args=(round_ * 10_000 + k * 1000,))
+                   for k in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert errors == []
+        for result in submitted:
+            assert result.wait(timeout=60).status == "SUCCESSFUL"
+        assert swept.acquire(timeout=30), "the emptied shard was not swept"
     assert sorted(marks(tmp_path)) == sorted(r.return_value for r in submitted)
-    wait_until(lambda: backend.store.client.exists(shard) is None, 30, "the shard swept")
+    assert len(submitted) == 180
 
 
 def test_submit_many_writes_thousands_in_batched_multis(backend, start_worker, tmp_path,
@@ -217,3 +230,70 @@ def test_the_dashboards_pending_pages_walk_the_shards(backend):
             break
         after = page.next_cursor
     assert seen == expected
+
+
+def test_a_job_whose_shard_someone_else_made_again_is_sent_again(backend, zk_client):
+    """A multi that meets NoNode on a pending job is sent again once the shard is there,
+    whoever made it: here the first multi deletes the shard itself before its create,
+    so the shard exists again (rolled back) when the submitter goes to make it."""
+    store = backend.store
+    store.ensure_queue("default")
+    record, _ = backend.prepare(tasks.add, (1, 2), {}, job_id=job_id_at(NOW_MS - 90_000))
+    job_path = store.waiting_path(record)
+    shard = job_path.rsplit("/", 1)[0]
+    zk_client.create(shard)
+    sends = []
+
+    def build(txn):
+        sends.append(len(sends))
+        if len(sends) == 1:
+            txn.delete(shard)
+        txn.create(job_path, b"")
+
+    assert failures(store.with_shards(build, [job_path])) == []
+    assert len(sends) == 2
+    assert zk_client.exists(job_path)
+
+
+def test_a_nonode_on_another_path_is_the_callers(backend, zk_client):
+    """NoNode on an op that is not a pending job's create (an assignment taken back) is
+    returned at once: no shard made, nothing sent again."""
+    store = backend.store
+    store.ensure_queue("default")
+    record, _ = backend.prepare(tasks.add, (1, 2), {}, job_id=job_id_at(NOW_MS - 80_000))
+    job_path = store.waiting_path(record)
+    gone = store.layout.assignment("nobody", record.id)
+    sends = []
+
+    def build(txn):
+        sends.append(1)
+        txn.delete(gone)
+        txn.create(job_path, b"")
+
+    failed = failures(store.with_shards(build, [job_path]))
+    assert failed[0][0] == 0 and isinstance(failed[0][1], NoNodeError)
+    assert len(sends) == 1
+    assert zk_client.exists(job_path.rsplit("/", 1)[0]) is None
+
+
+def test_the_leader_keeps_a_new_shard_of_an_old_second_for_a_grace(backend, zk_client):
+    """An empty shard of a second long past, made just now (a late clock, a retried
+    submit), is kept SHARD_GRACE after its creation, so its submitter's job lands in it;
+    then it is swept."""
+    store = backend.store
+    store.ensure_queue("default")
+    shard = store.layout.shard("default", shard_name(0, job_id_at(NOW_MS - 300_000)))
+    zk_client.create(shard)
+    created = zk_client.exists(shard).ctime / 1000
+    leader = Leader(store, "sweeper", stop=threading.Event())
+    assert leader.contend()
+    try:
+        leader._tick()
+        assert zk_client.exists(shard) is not None
+        assert leader._sweep_at >= created + SHARD_GRACE
+        # A deadline, not a synchronisation: the grace is measured on the clock.
+        time.sleep(max(0.0, leader._sweep_at - time.time()))
+        leader._tick()
+        assert zk_client.exists(shard) is None
+    finally:
+        leader._release()
