@@ -11,14 +11,20 @@ import threading
 _local = threading.local()
 _cancelled_jobs: set[str] = set()   # thread pool: job ids asked to stop, in this process
 _lock = threading.Lock()
-# Task process: a flag shared with the worker, holding the number of the run to stop.
-_shared_flag = None
+# Task process: flags shared with the worker. Entry `n % len(flags)` holds n when run n is
+# to stop (a batch's runs are consecutive numbers, fewer than the entries: one each).
+_shared_flags = None
 _current_run = 0
 
 
-def bind_shared_flag(flag) -> None:
-    global _shared_flag
-    _shared_flag = flag
+def bind_shared_flags(flags) -> None:
+    global _shared_flags
+    _shared_flags = flags
+
+
+def run_cancelled(number: int) -> bool:
+    """Whether the worker asked run `number` of this task process to stop."""
+    return _shared_flags is not None and _shared_flags[number % len(_shared_flags)] == number
 
 
 def set_current_run(number: int) -> None:
@@ -52,7 +58,7 @@ def cancel_requested() -> bool:
     job_id = current_job_id()
     if job_id is None:
         return False
-    if _shared_flag is not None and _shared_flag.value == _current_run:
+    if run_cancelled(_current_run):
         return True
     with _lock:
         return job_id in _cancelled_jobs

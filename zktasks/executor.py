@@ -13,6 +13,7 @@ import os
 import queue
 import signal
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from inspect import iscoroutinefunction
 
@@ -20,6 +21,10 @@ from .exceptions import JobCancelled, TaskProcessDied, TaskTimeout
 from .records import ErrorRecord
 
 logger = logging.getLogger(__name__)
+
+# The most jobs a task process is handed at once (ProcessRunner.run_many), and so the
+# entries of its shared cancel flags (context.py): a batch's run numbers are consecutive.
+BATCH_MAX = 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,7 +174,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child_main(conn, parent_pid: int, cancel_flag) -> None:
+def _child_main(conn, parent_pid: int, cancel_flags) -> None:
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
@@ -178,23 +183,30 @@ def _child_main(conn, parent_pid: int, cancel_flag) -> None:
     signal.signal(signal.SIGALRM, _on_soft_timeout)
     from . import context
 
-    context.bind_shared_flag(cancel_flag)
+    context.bind_shared_flags(cancel_flags)
     import django
 
     django.setup()
     while True:
         try:
-            number, execution = conn.recv()
+            message = conn.recv()
         except EOFError:
             return
-        context.set_current_run(number)
-        if execution.timeout:
-            signal.setitimer(signal.ITIMER_REAL, execution.timeout)
-        try:
-            outcome = execute(execution)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        conn.send(outcome)
+        # One run, or a batch of short jobs' runs (ProcessRunner.run_many): each outcome
+        # is sent as soon as it is known, so the worker sees each job end.
+        for number, execution in (message if isinstance(message, list) else (message,)):
+            if context.run_cancelled(number):
+                # Cancelled while it waited behind the others of its batch.
+                conn.send(_not_started(execution))
+                continue
+            context.set_current_run(number)
+            if execution.timeout:
+                signal.setitimer(signal.ITIMER_REAL, execution.timeout)
+            try:
+                outcome = execute(execution)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            conn.send(outcome)
 
 
 def _on_soft_timeout(signum, frame):
@@ -211,10 +223,15 @@ class _Slot:
         self.process = None
         self.conn = None
         self._close_lock = threading.Lock()
+        # Under ProcessRunner._lock: the job the task process runs (as far as the worker
+        # knows), the run numbers of the jobs handed to it and not reported yet, and those
+        # of them force-cancelled while they waited behind another.
         self.job_id: str | None = None
+        self.queued: dict[str, int] = {}
+        self.forced: set[str] = set()
         self.cancelled = False
         self.runs = 0
-        self.cancel_flag = ctx.Value("q", 0, lock=False)  # number of the run to stop
+        self.cancel_flags = ctx.Array("q", BATCH_MAX, lock=False)  # see context.py
 
     def ensure(self) -> None:
         if self.process is not None and self.process.is_alive():
@@ -222,7 +239,7 @@ class _Slot:
         self.close()
         parent, child = self.ctx.Pipe()
         self.process = self.ctx.Process(
-            target=_child_main, args=(child, os.getpid(), self.cancel_flag),
+            target=_child_main, args=(child, os.getpid(), self.cancel_flags),
             name=f"zktasks-task-{self.index}",
             daemon=True,
         )
@@ -230,16 +247,30 @@ class _Slot:
         child.close()
         self.conn = parent
 
-    def run(self, execution: Execution) -> Outcome:
+    def send(self, message):
+        """Hand runs to the task process; return the connection, or None if it is gone."""
         self.ensure()
-        hard_limit = None
-        if execution.timeout:
-            hard_limit = execution.timeout + max(1.0, execution.timeout * 0.1)
         conn = self.conn  # a forced stop may clear the attribute from another thread
         try:
             if conn is None:
                 raise EOFError("the task process was stopped")
-            conn.send((self.runs, execution))
+            conn.send(message)
+        except (EOFError, OSError):
+            return None
+        return conn
+
+    def run(self, number: int, execution: Execution) -> Outcome:
+        conn = self.send((number, execution))
+        return self.outcome(conn, execution)
+
+    def outcome(self, conn, execution: Execution) -> Outcome:
+        """Wait for the outcome of the run the task process is on (`execution`)."""
+        hard_limit = None
+        if execution.timeout:
+            hard_limit = execution.timeout + max(1.0, execution.timeout * 0.1)
+        try:
+            if conn is None:
+                raise EOFError("the task process was stopped")
             if not conn.poll(hard_limit):
                 self.kill()
                 return _failure(TaskTimeout(
@@ -258,10 +289,16 @@ class _Slot:
                 f"The task process running job {execution.job_id!r} exited with "
                 f"{_describe_exit(code)} before reporting an outcome."
             ))
-        finally:
-            self.job_id = None
 
-    def cancel(self, *, force: bool) -> None:
+    def reported(self) -> bool:
+        """Whether an outcome waits in the pipe (the run it is for has ended)."""
+        conn = self.conn
+        try:
+            return conn is not None and conn.poll(0)
+        except (EOFError, OSError):
+            return False
+
+    def cancel(self, number: int, *, force: bool) -> None:
         process = self.process
         if process is None or not process.is_alive():
             return
@@ -269,7 +306,15 @@ class _Slot:
             self.cancelled = True
             process.kill()
         else:
-            self.cancel_flag.value = self.runs
+            self.flag(number)
+
+    def flagged(self, number: int) -> bool:
+        return self.cancel_flags[number % BATCH_MAX] == number
+
+    def flag(self, number: int) -> None:
+        """Ask run `number` to stop: the task sees cancel_requested(), or, not started
+        yet, it is not run."""
+        self.cancel_flags[number % BATCH_MAX] = number
 
     def _reap(self):
         # The runner thread (after EOF) and a forced stop (from the main thread) may both
@@ -316,10 +361,17 @@ def _failure(exc: BaseException) -> Outcome:
     return Outcome(ok=False, error=ErrorRecord.from_exception(exc))
 
 
+def _not_started(execution: Execution) -> Outcome:
+    return _failure(JobCancelled(
+        f"Job {execution.job_id!r} was cancelled before its task started."))
+
+
 class ProcessRunner:
-    """A fixed set of task processes; each job borrows one for its whole run."""
+    """A fixed set of task processes; each job (or batch of short jobs) borrows one for
+    its whole run."""
 
     name = "process"
+    batch_max = BATCH_MAX  # the most jobs run_many takes at once
 
     def __init__(self, size: int):
         self.ctx = multiprocessing.get_context("spawn")
@@ -339,21 +391,101 @@ class ProcessRunner:
             with self._lock:
                 force = self._early_cancels.pop(execution.job_id, None)
                 # Under the lock, so a cancel lands either here (early) or on this run.
-                slot.job_id, slot.cancelled = execution.job_id, False
-                slot.runs += 1
+                if force is None:
+                    number = self._number(slot)
+                    slot.job_id, slot.cancelled = execution.job_id, False
+                    slot.queued = {execution.job_id: number}
             if force is not None:
-                return _failure(JobCancelled(
-                    f"Job {execution.job_id!r} was cancelled before its task started."))
-            return slot.run(execution)
+                return _not_started(execution)
+            return slot.run(number, execution)
         finally:
-            self.free.put(slot)
+            self._release(slot)
+
+    def run_many(self, executions: list[Execution]) -> Iterator[Outcome]:
+        """Run a batch of short jobs on one task process; yield their outcomes in order.
+
+        The batch goes in one message and the task process reports each outcome as it
+        ends, so the batch costs the task process one wake-up instead of one per job,
+        and the worker reads outcomes that are already there. Each job keeps its own
+        soft time limit (set in the task process); the hard limit is counted from when
+        the worker starts waiting for that job's outcome. A job cancelled while it
+        waits behind others is not run. If the task process dies or is killed, the job
+        it was on gets that failure and the jobs after it run one by one in a fresh
+        process: none is lost or run twice.
+        """
+        slot = self.free.get()
+        try:
+            with self._lock:
+                early = {e.job_id for e in executions if e.job_id in self._early_cancels}
+                for job_id in early:
+                    del self._early_cancels[job_id]
+                slot.queued = {e.job_id: self._number(slot)
+                               for e in executions if e.job_id not in early}
+                slot.forced, slot.job_id = set(), None
+                batch = [(slot.queued[e.job_id], e) for e in executions
+                         if e.job_id not in early]
+            conn = slot.send(batch) if batch else None
+            for execution in executions:
+                job_id = execution.job_id
+                if job_id in early:
+                    yield _not_started(execution)
+                    continue
+                with self._lock:
+                    slot.job_id, slot.cancelled = job_id, False
+                    number = slot.queued[job_id]
+                    cancelled = job_id in slot.forced or slot.flagged(number)
+                    lost = conn is None or slot.conn is not conn
+                    if lost and not cancelled:
+                        # The batch ended with an earlier job: this one runs alone.
+                        slot.queued[job_id] = number = self._number(slot)
+                if lost:
+                    outcome = (_not_started(execution) if cancelled
+                               else slot.run(number, execution))
+                elif job_id in slot.forced and not slot.reported():
+                    # Force-cancelled while it waited, and no outcome yet: the task
+                    # process is on it (or skipping it). Kill it as a running job is
+                    # killed. The jobs after it run alone: if the process had just
+                    # moved on to the next one, that one runs again from its start.
+                    slot.cancel(number, force=True)
+                    outcome = slot.outcome(conn, execution)
+                    conn = None
+                else:
+                    outcome = slot.outcome(conn, execution)
+                with self._lock:
+                    # At once: a force-cancel of this job from now on must not kill the
+                    # next one, which the task process may already be running.
+                    slot.queued.pop(job_id, None)
+                    slot.job_id = None
+                yield outcome
+        finally:
+            self._release(slot)
+
+    @staticmethod
+    def _number(slot: _Slot) -> int:
+        slot.runs += 1
+        return slot.runs
+
+    def _release(self, slot: _Slot) -> None:
+        with self._lock:
+            slot.job_id, slot.queued, slot.forced = None, {}, set()
+        self.free.put(slot)
 
     def cancel(self, job_id: str, *, force: bool = False) -> None:
         with self._lock:
             for slot in self.slots:
+                number = slot.queued.get(job_id)
+                if number is None:
+                    continue
                 if slot.job_id == job_id:
-                    slot.cancel(force=force)
-                    return
+                    slot.cancel(number, force=force)
+                else:
+                    # Waiting behind another job of its batch: not run when its turn
+                    # comes; if the task process is already on it, a request (and, with
+                    # force, a kill once it is the worker's turn to wait for it).
+                    slot.flag(number)
+                    if force:
+                        slot.forced.add(job_id)
+                return
             # Not on a slot yet (between "started" and the hand-over): apply on arrival.
             self._early_cancels[job_id] = force
 

@@ -34,14 +34,14 @@ from kazoo.protocol.states import EventType, KazooState
 
 from . import deadletter, envelope, records, serialization
 from .client import new_client, start
-from .committer import Committer
+from .committer import Commit, Committer
 from .exceptions import (
     CorruptRecord,
     PayloadTooLarge,
     PayloadVerificationError,
     ZooKeeperUnavailableError,
 )
-from .executor import Execution, Outcome, make_runner
+from .executor import BATCH_MAX, Execution, Outcome, make_runner
 from .handler import inline_watch
 from .leader import Leader
 from .records import ErrorRecord, StatusRecord
@@ -65,11 +65,13 @@ LOOKAHEAD = 2
 LOOKAHEAD_MAX_S = 0.05
 # A runner that finds more ready jobs than idle runners takes several at once while jobs
 # are shorter than a round trip, and hands all their starts to the committer in one go:
-# one wake-up and one wait instead of one per job. The batch is cut so that its jobs add
+# one wake-up and one wait instead of one per job. With task processes the batch then goes
+# to one of them in one message, which reports each outcome as it ends (run_many): one
+# wake-up of that process per batch, not per job. The batch is cut so that its jobs add
 # up to about BATCH_SPAN_S: a job waits RUNNING behind the others of its batch about that
 # long at most. Longer jobs go one by one (batched, 10 ms jobs lost throughput to runners
 # holding jobs while others idled).
-MAX_STARTS = 8
+MAX_STARTS = BATCH_MAX  # a batch goes to one task process in one message (run_many)
 BATCH_SPAN_S = 0.002
 
 
@@ -79,6 +81,17 @@ class _Queued:
     job_id: str = field(compare=False)
     found: Versioned = field(compare=False)
     worker_id: str = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """A job whose start is recorded, ready for the executor."""
+
+    blob: bytes
+    running: StatusRecord
+    commit: Commit
+    call: object           # the loaded call, when signal receivers need it; else None
+    execution: Execution
 
 
 class Worker:
@@ -566,14 +579,17 @@ class Worker:
                 # Every start first (the committer writes a batch's together), then each
                 # job in turn once its own start is recorded; a failure stays its job's.
                 begun = [(item, self._guarded(item, self._begin, item)) for item in items]
-                for item, started in begun:
-                    if self._stopping.is_set():
-                        # A forced stop: the rest stay assigned, RUNNING; the leader
-                        # hands them back once our session ends (at-least-once).
-                        break
-                    if started is not None and self._guarded(item, self._execute, item,
-                                                              started):
-                        handed_over.add(item.job_id)
+                if len(items) > 1 and getattr(self.runner, "batch_max", None):
+                    handed_over |= self._execute_batch(begun)
+                else:
+                    for item, started in begun:
+                        if self._stopping.is_set():
+                            # A forced stop: the rest stay assigned, RUNNING; the leader
+                            # hands them back once our session ends (at-least-once).
+                            break
+                        if started is not None and self._guarded(item, self._execute, item,
+                                                                  started):
+                            handed_over.add(item.job_id)
             finally:
                 with self._cond:
                     for item in items:
@@ -642,31 +658,80 @@ class Worker:
 
     def _execute(self, item: _Queued, begun) -> bool:
         """Run a job whose start was handed to the committer; True if its outcome was."""
+        run = self._ready_to_run(item, begun)
+        if run is None:
+            return False
+        with self._slots:  # a lookahead runner waits here for a free slot
+            began = time.monotonic()
+            outcome = self.runner.run(run.execution)
+            took = time.monotonic() - began
+        return self._settle(item, run, outcome, took)
+
+    def _execute_batch(self, begun: list) -> set[str]:
+        """Run a batch of short jobs (started together) through one task process in one
+        hand-off (ProcessRunner.run_many); return the ids whose outcomes were handed on.
+
+        Each job is settled as soon as its outcome comes, while the task process runs
+        the next; a step that fails touches only its own job.
+        """
+        runs = []
+        for item, started in begun:
+            run = None if started is None else self._guarded(item, self._ready_to_run, item,
+                                                             started)
+            if run is not None:
+                runs.append((item, run))
+        handed_over: set[str] = set()
+        if not runs or self._stopping.is_set():
+            return handed_over  # a forced stop: they stay assigned, as in _runner_loop
+        with self._slots:
+            outcomes = self.runner.run_many([run.execution for _, run in runs])
+            try:
+                began = time.monotonic()
+                for (item, run), outcome in zip(runs, outcomes, strict=True):
+                    took, began = time.monotonic() - began, time.monotonic()
+                    if self._guarded(item, self._settle, item, run, outcome, took,
+                                     more=item is not runs[-1][0]):
+                        handed_over.add(item.job_id)
+                    if self._stopping.is_set():
+                        # A forced stop: the rest stay assigned, RUNNING; the leader
+                        # hands them back once our session ends (at-least-once).
+                        break
+            finally:
+                outcomes.close()
+        return handed_over
+
+    def _ready_to_run(self, item: _Queued, begun) -> _Run | None:
+        """Wait for the job's start to be recorded; None if it was refused (not ours)."""
         job_id, worker_id = item.job_id, item.worker_id
         blob, running, running_bytes, commit = begun
         commit.started.wait()
         if commit.refused:
-            return False  # taken back (cancelled, or we were presumed dead): not ours
+            return None  # taken back (cancelled, or we were presumed dead): not ours
         logger.info("job started job=%s task=%s attempt=%d worker=%s", job_id, running.task,
                     running.attempts, worker_id)
         call = None
         if self._wants(task_started) or self._wants(task_finished):
             call = self._load(blob, job_id)
             self._send(task_started, running, call)
-        with self._slots:  # a lookahead runner waits here for a free slot
-            began = time.monotonic()
-            outcome = self.runner.run(Execution(
-                job_id=job_id, blob=blob, record_json=running_bytes, timeout=running.timeout,
-                attempt=running.attempts, takes_context=running.takes_context,
-            ))
-            took = time.monotonic() - began
+        return _Run(blob, running, commit, call, Execution(
+            job_id=job_id, blob=blob, record_json=running_bytes, timeout=running.timeout,
+            attempt=running.attempts, takes_context=running.takes_context,
+        ))
+
+    def _settle(self, item: _Queued, run: _Run, outcome: Outcome, took: float, *,
+                more: bool = False) -> bool:
+        """Hand a job's outcome to the committer; True if it was (not left assigned).
+        `more`: another job of the runner's batch comes next (the write may wait for
+        company)."""
+        job_id, worker_id = item.job_id, item.worker_id
+        running, call = run.running, run.call
         average = self._run_avg  # runners race here: an approximate average is enough
         self._run_avg = took if average is None else 0.8 * average + 0.2 * took
         if not outcome.ok and outcome.retry_delay is None and outcome.error.exception_class_path \
                 in ("zktasks.exceptions.TaskTimeout", "zktasks.exceptions.TaskProcessDied"):
             # The task process could not decide (killed or gone): decide here.
             if call is None:
-                call = self._load(blob, job_id)
+                call = self._load(run.blob, job_id)
             outcome = self._parent_side_retry(outcome, call, running.attempts)
         if self._stopping.is_set() and not outcome.ok:
             # Killed by a forced stop, not by its own doing: leave the assignment, so the
@@ -676,8 +741,8 @@ class Worker:
             return False
         final, requeue = self._final_record(running, outcome, worker_id)
         with self._cond:  # a next job to start: let this outcome share its multi
-            linger = bool(self._ready) and not self._paused and not self._draining
-        self.committer.finish(commit, final, requeue=requeue, linger=linger,
+            linger = more or (bool(self._ready) and not self._paused and not self._draining)
+        self.committer.finish(run.commit, final, requeue=requeue, linger=linger,
                               on_done=lambda ok: self._recorded(item, final, requeue, ok, call))
         return True
 

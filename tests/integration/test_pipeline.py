@@ -1,6 +1,8 @@
 """The core pipeline against a real ZooKeeper: submit → leader assigns → worker runs →
 result, with every transition checked in the tree."""
 
+import os
+
 import pytest
 from django.tasks import TaskResultStatus
 
@@ -147,4 +149,21 @@ def test_a_runner_starts_a_batch_of_short_jobs_together_and_runs_each_once(
     runs = sorted(int(p.name.split("-")[0]) for p in tmp_path.iterdir()
                   if not p.name.startswith("-"))
     assert runs == list(range(40))
+    assert worker.batched_starts > 0
+
+
+def test_a_batch_of_short_jobs_goes_to_one_task_process_and_each_runs_once(
+        backend, start_worker, tmp_path):
+    """With task processes a runner's batch goes to one of them in one hand-off
+    (ProcessRunner.run_many): every job runs exactly once, there, after its start."""
+    worker = start_worker(concurrency=1, prefetch=16, pool="process")
+    worker._run_avg = 0.0001  # jobs known to be short, as after a run of no-ops
+    jobs = tasks.mark.submit_many([((str(tmp_path), n), {}) for n in range(40)])
+    done = [job.wait(timeout=60) for job in jobs]
+    assert [job.return_value for job in done] == list(range(40))
+    assert all(job.attempts == 1 and job.started_at <= job.finished_at for job in done)
+    names = [p.name.split("-") for p in tmp_path.iterdir()]
+    assert sorted(int(number) for number, _, _ in names) == list(range(40))
+    assert len({pid for _, pid, _ in names}) == 1  # the one task process
+    assert int(names[0][1]) != os.getpid()
     assert worker.batched_starts > 0

@@ -1,0 +1,116 @@
+"""ProcessRunner.run_many: a batch of short jobs handed to one task process in one message,
+with real task processes (no ZooKeeper involved). Each job keeps what a job run alone has:
+its outcome, its time limit, its cancellation, and a crash that costs only itself."""
+
+import os
+import secrets
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests import tasks
+from tests.waiting import wait_until
+from zktasks import serialization
+from zktasks.executor import Execution, ProcessRunner
+
+DIED = "zktasks.exceptions.TaskProcessDied"
+CANCELLED = "zktasks.exceptions.JobCancelled"
+TIMEOUT = "zktasks.exceptions.TaskTimeout"
+
+
+def execution(task, *args, timeout=None) -> Execution:
+    blob = serialization.dump_call(task.func, args, {}, task_path=task.module_path)
+    return Execution(job_id=secrets.token_hex(8), blob=blob, record_json=b"{}",
+                     timeout=timeout)
+
+
+def runs(marker_dir) -> dict[int, list[int]]:
+    """number -> pids of the task processes that ran tasks.mark(marker_dir, number)."""
+    found: dict[int, list[int]] = {}
+    for name in os.listdir(marker_dir):
+        if name[0].isdigit():
+            number, pid, _ = name.split("-")
+            found.setdefault(int(number), []).append(int(pid))
+    return found
+
+
+def value(outcome):
+    assert outcome.ok, outcome.error
+    return serialization.loads(outcome.value_blob)
+
+
+@pytest.fixture
+def runner():
+    runner = ProcessRunner(1)
+    runner.start()
+    yield runner
+    runner.stop()
+
+
+def test_a_batch_runs_in_one_task_process_in_order(runner, tmp_path):
+    outcomes = list(runner.run_many([execution(tasks.mark, str(tmp_path), n)
+                                     for n in range(8)]))
+    assert [value(o) for o in outcomes] == list(range(8))
+    found = runs(tmp_path)
+    assert sorted(found) == list(range(8))
+    assert len({pid for pids in found.values() for pid in pids}) == 1
+    assert all(len(pids) == 1 for pids in found.values())
+
+
+def test_a_job_that_kills_its_process_costs_only_itself(runner, tmp_path):
+    """The jobs before it keep their outcomes; the job gets TaskProcessDied; the jobs
+    after it (never started) run once each, in a fresh task process."""
+    batch = [execution(tasks.mark, str(tmp_path), 0), execution(tasks.mark, str(tmp_path), 1),
+             execution(tasks.exit_hard, 3),
+             execution(tasks.mark, str(tmp_path), 3), execution(tasks.mark, str(tmp_path), 4)]
+    outcomes = list(runner.run_many(batch))
+    assert [value(o) for o in outcomes[:2]] == [0, 1]
+    assert not outcomes[2].ok and outcomes[2].error.exception_class_path == DIED
+    assert "exit code 3" in outcomes[2].error.message
+    assert [value(o) for o in outcomes[3:]] == [3, 4]
+    found = runs(tmp_path)
+    assert sorted(found) == [0, 1, 3, 4] and all(len(p) == 1 for p in found.values())
+    assert found[0] == found[1] and found[3] == found[4] and found[1] != found[3]
+    # The runner goes on with the fresh process.
+    assert value(runner.run(execution(tasks.add, 2, 3))) == 5
+
+
+def test_each_job_of_a_batch_keeps_its_own_time_limit(runner, tmp_path):
+    batch = [execution(tasks.mark, str(tmp_path), 0), execution(tasks.hang, timeout=0.5),
+             execution(tasks.mark, str(tmp_path), 2)]
+    outcomes = list(runner.run_many(batch))
+    assert value(outcomes[0]) == 0 and value(outcomes[2]) == 2
+    assert not outcomes[1].ok and outcomes[1].error.exception_class_path == TIMEOUT
+    assert sorted(runs(tmp_path)) == [0, 2]
+
+
+def test_jobs_cancelled_while_they_wait_in_a_batch_are_not_run(runner, tmp_path):
+    """A cancel (plain or forced) of a job waiting behind the running one of its batch:
+    that job is not run and reports JobCancelled; the running one is left alone. A job
+    cancelled before the hand-off is not sent at all."""
+    release = tmp_path / "release"
+    first = execution(tasks.record_pid_and_wait, str(tmp_path), str(release))
+    soft, forced = execution(tasks.mark, str(tmp_path), 1), execution(tasks.mark, str(tmp_path), 2)
+    early, last = execution(tasks.mark, str(tmp_path), 3), execution(tasks.mark, str(tmp_path), 4)
+    runner.cancel(early.job_id)  # not on a task process yet
+    outcomes = []
+    thread = threading.Thread(target=lambda: outcomes.extend(
+        runner.run_many([first, soft, forced, early, last])))
+    thread.start()
+    try:
+        wait_until((tmp_path / "pid").exists, 30, "the first job to start")
+        runner.cancel(soft.job_id)
+        runner.cancel(forced.job_id, force=True)
+    finally:
+        release.touch()
+        thread.join(60)
+    assert len(outcomes) == 5
+    assert value(outcomes[0]) == int((tmp_path / "pid").read_text())
+    for outcome in outcomes[1:4]:
+        assert not outcome.ok and outcome.error.exception_class_path == CANCELLED
+        assert "before its task started" in outcome.error.message \
+            or "force=True" in outcome.error.message
+    assert value(outcomes[4]) == 4
+    assert sorted(runs(tmp_path)) == [4]  # 1, 2 and 3 never ran
+    assert Path(tmp_path, "pid").exists()
