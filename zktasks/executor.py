@@ -411,7 +411,9 @@ class ProcessRunner:
         the worker starts waiting for that job's outcome. A job cancelled while it
         waits behind others is not run. If the task process dies or is killed, the job
         it was on gets that failure and the jobs after it run one by one in a fresh
-        process: none is lost or run twice.
+        process: none is lost. One case runs a job twice (at-least-once, as a worker's
+        death does): a force-cancel that kills the process in the instant it has just
+        reported one job and begun the next; the next then runs again from its start.
         """
         slot = self.free.get()
         try:
@@ -477,6 +479,10 @@ class ProcessRunner:
                 if number is None:
                     continue
                 if slot.job_id == job_id:
+                    if force and slot.reported():
+                        # It has ended (its outcome waits in the pipe): killing now
+                        # would kill the next job of its batch instead.
+                        return
                     slot.cancel(number, force=force)
                 else:
                     # Waiting behind another job of its batch: not run when its turn
