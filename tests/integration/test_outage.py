@@ -28,7 +28,10 @@ def zk_settings(settings, own_server, zk_root, monkeypatch):
     it once.) Expiry itself is tested by expiring a session on purpose, not by waiting.
     """
     return use_zookeeper(settings, monkeypatch, own_server.hosts, zk_root,
-                         CONNECT_TIMEOUT=60.0, SESSION_TIMEOUT=30.0)
+                         CONNECT_TIMEOUT=CONNECT_TIMEOUT, SESSION_TIMEOUT=30.0)
+
+
+CONNECT_TIMEOUT = 60.0
 
 
 def test_submit_rides_out_a_server_restart(zk_settings, own_server, start_worker):
@@ -45,7 +48,13 @@ def test_submit_rides_out_a_server_restart(zk_settings, own_server, start_worker
     thread = threading.Thread(target=submit)
     thread.start()
     own_server.start()  # back within the session timeout
-    thread.join(30)
+    # The submit's own bound is CONNECT_TIMEOUT; waiting less would fail a submit that
+    # is still within it (CI saw one whose reconnect hung in kazoo's connect read, which
+    # lasts up to SESSION_TIMEOUT). Usually this returns within a second or two.
+    thread.join(CONNECT_TIMEOUT + 30)
+    assert not thread.is_alive(), (
+        f"submit() still blocked {CONNECT_TIMEOUT + 30:.0f}s after the restart, past its "
+        f"CONNECT_TIMEOUT; server log:\n{own_server.log_tail()}")
     assert "error" not in submitted, submitted.get("error")
     start_worker()
     assert submitted["job"].wait(timeout=30).return_value == 42
