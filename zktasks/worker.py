@@ -704,7 +704,11 @@ class Worker:
         """Wait for the job's start to be recorded; None if it was refused (not ours)."""
         job_id, worker_id = item.job_id, item.worker_id
         blob, running, running_bytes, commit = begun
-        commit.started.wait()
+        with self._cond:
+            backlog = bool(self._ready)
+        # At low load this runner writes its start itself (committer.py); under a backlog
+        # the committer thread batches it with other runners' starts.
+        self.committer.wait_started(commit, write=not backlog)
         if commit.refused:
             return None  # taken back (cancelled, or we were presumed dead): not ours
         logger.info("job started job=%s task=%s attempt=%d worker=%s", job_id, running.task,

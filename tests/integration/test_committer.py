@@ -57,6 +57,8 @@ def test_one_stale_job_does_not_sink_its_batch(backend, zk_client):
         running = v.record.evolve(state=records.RUNNING, attempts=1, worker_ids=(worker_id,),
                                   started_at=records.now())
         commit = committer.begin(worker_id, v.record.id, running.to_bytes(), v.version)
+        # Waiting on the latch itself, not wait_started(): begin() does not wake the
+        # committer thread, whose tick writes the start all the same.
         assert commit.started.wait(30)
         assert not commit.refused
         commits.append((commit, running))
@@ -88,8 +90,35 @@ def test_a_start_on_a_taken_back_assignment_is_refused(backend, zk_client):
         running = found.record.evolve(state=records.RUNNING, attempts=1)
         commit = committer.begin(worker_id, found.record.id, running.to_bytes(),
                                  found.version)
-        assert commit.started.wait(30)
+        assert committer.wait_started(commit, timeout=30)
         assert commit.refused  # the worker does not run it
         assert store.read_status(found.record.id).record.state == records.READY
     finally:
         assert committer.close(timeout=10)
+
+
+def test_a_runner_waiting_for_its_start_writes_the_waiting_batch_itself(backend, zk_client):
+    """With nothing being written, wait_started() writes on the caller's thread: the
+    lingering outcome of one job and the start of the next, in one multi. (No committer
+    thread is started here, so nothing else could have written them.)"""
+    store, worker_id, [first, second] = _assigned_jobs(backend, zk_client, 2)
+    committer = Committer(store)
+    running = first.record.evolve(state=records.RUNNING, attempts=1, worker_ids=(worker_id,),
+                                  started_at=records.now())
+    commit = committer.begin(worker_id, first.record.id, running.to_bytes(), first.version)
+    assert committer.wait_started(commit, timeout=30) and not commit.refused
+    assert committer.transactions == 1
+    settled = []
+    final = running.evolve(state=records.SUCCESSFUL, finished_at=records.now())
+    committer.finish(commit, final, requeue=False, linger=True,
+                     on_done=lambda ok: settled.append((ok, threading.get_ident())))
+    next_running = second.record.evolve(state=records.RUNNING, attempts=1,
+                                        worker_ids=(worker_id,), started_at=records.now())
+    following = committer.begin(worker_id, second.record.id, next_running.to_bytes(),
+                                second.version)
+    assert committer.wait_started(following, timeout=30) and not following.refused
+    assert committer.transactions == 2  # the outcome and the next start shared a multi
+    assert settled == [(True, threading.get_ident())]
+    assert store.read_status(first.record.id).record.state == records.SUCCESSFUL
+    assert store.read_status(second.record.id).record.state == records.RUNNING
+    assert committer.close(timeout=10)
