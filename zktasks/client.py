@@ -16,6 +16,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
 
+from . import connection
 from .conf import Options
 from .exceptions import ZooKeeperUnavailableError
 from .handler import SelectorCachingHandler
@@ -35,7 +36,7 @@ def new_client(options: Options) -> KazooClient:
         user, _, password = options.auth.partition(":")
         kwargs["auth_data"] = [("digest", options.auth)]
         kwargs["default_acl"] = [make_digest_acl(user, password, all=True)]
-    return KazooClient(
+    client = KazooClient(
         hosts=options.hosts,
         timeout=options.session_timeout,
         handler=SelectorCachingHandler(),
@@ -44,6 +45,8 @@ def new_client(options: Options) -> KazooClient:
         connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
         **kwargs,
     )
+    connection.install(client)  # recv/send before select (connection.py)
+    return client
 
 
 def start(client: KazooClient, options: Options) -> KazooClient:

@@ -1,0 +1,75 @@
+"""kazoo's connection handler with recv/send before select (zktasks/connection.py),
+against a real ZooKeeper: replies and requests far larger than the socket's buffers
+arrive whole, and the would-block path waits on select() as kazoo's does."""
+
+import secrets
+import socket
+
+import pytest
+
+from zktasks import client as clients
+from zktasks.conf import Options
+from zktasks.connection import EagerConnectionHandler
+
+BIG = 900_000  # under jute.maxbuffer (1 MB), many times a 32 KB socket buffer
+
+
+@pytest.fixture
+def eager_client(zk_hosts, zk_root):
+    options = Options.from_params("default", {"OPTIONS": {"HOSTS": zk_hosts,
+                                                          "ROOT": zk_root}})
+    client = clients.new_client(options)
+    clients.start(client, options)
+    yield client
+    client.stop()
+    client.close()
+
+
+def _count_selects(client, monkeypatch) -> dict:
+    """Count the handler's select() calls waiting to read or to write the server socket."""
+    counts = {"read": 0, "write": 0}
+    handler = client.handler
+    select = handler.select
+
+    def counting(rlist, wlist, xlist, timeout=None):
+        if rlist == [client._connection._socket]:
+            counts["read"] += 1
+        if wlist == [client._connection._socket]:
+            counts["write"] += 1
+        return select(rlist, wlist, xlist, timeout)
+
+    monkeypatch.setattr(handler, "select", counting)
+    return counts
+
+
+def test_the_clients_zktasks_builds_use_it(eager_client):
+    assert type(eager_client._connection) is EagerConnectionHandler
+
+
+def test_small_requests_read_and_write_without_select(eager_client, zk_root, monkeypatch):
+    eager_client.ensure_path(zk_root)
+    counts = _count_selects(eager_client, monkeypatch)
+    for _ in range(50):
+        assert eager_client.exists(zk_root) is not None
+    # The loop's own select() (kazoo's) still wakes for each reply; the reads and writes
+    # themselves did not ask select() first.
+    assert counts == {"read": 0, "write": 0}
+
+
+def test_a_large_znode_goes_both_ways_through_small_socket_buffers(eager_client, zk_root,
+                                                                     monkeypatch):
+    path = f"{zk_root}/big"
+    data = secrets.token_bytes(BIG)
+    sock = eager_client._connection._socket
+    # Shrink the buffers of the live connection: the request and the reply then take
+    # many send()/recv() calls, most of which would block.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32768)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
+    counts = _count_selects(eager_client, monkeypatch)
+    eager_client.create(path, data, makepath=True)
+    got, stat = eager_client.get(path)
+    assert got == data
+    assert stat.dataLength == BIG
+    # Both ways hit "would block" and waited on select(), as kazoo's own code does.
+    assert counts["write"] > 0
+    assert counts["read"] > 0

@@ -1,0 +1,69 @@
+"""kazoo's connection handler, reading and writing before asking select().
+
+kazoo's ConnectionHandler keeps its socket non-blocking, and calls select() before every
+recv() and every send() on it: three selects per reply (the loop's own, then one before
+the 4-byte length and one before the body, which came in the same segment) and one per
+request. In a py-spy profile of a worker streaming no-op jobs (`bench/run.py --profile`,
+the defaults row), select() and our handler's bookkeeping around it (handler.py) were
+about 15 % of the worker's CPU. Here recv() and send() are tried first; only when the
+socket would block (BlockingIOError) is select() called, with kazoo's timeout and
+kazoo's time-out error. Everything else, including the loop's own select(), is kazoo's.
+
+kazoo offers no hook for its connection class, so `install()` swaps the class of the
+handler a KazooClient made (the subclass adds no state, only these two methods). A TLS
+socket keeps kazoo's methods: SSL framing makes "would block" mean other things.
+"""
+
+from kazoo.exceptions import ConnectionDropped
+from kazoo.protocol.connection import ConnectionHandler
+
+
+class EagerConnectionHandler(ConnectionHandler):
+    """ConnectionHandler whose _read/_write try the socket before select()."""
+
+    def _read(self, length, timeout):
+        sock = self._socket
+        if hasattr(sock, "pending"):  # TLS
+            return super()._read(length, timeout)
+        parts = []
+        remaining = length
+        with self._socket_error_handling():
+            while remaining > 0:
+                try:
+                    chunk = sock.recv(remaining)
+                except BlockingIOError:
+                    if not self.handler.select([sock], [], [], timeout)[0]:
+                        raise self.handler.timeout_exception(
+                            "socket time-out during read") from None
+                    continue
+                if not chunk:
+                    raise ConnectionDropped("socket connection broken")
+                parts.append(chunk)
+                remaining -= len(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _write(self, msg, timeout):
+        sock = self._socket
+        if hasattr(sock, "pending"):  # TLS
+            return super()._write(msg, timeout)
+        view = memoryview(msg)
+        sent = 0
+        with self._socket_error_handling():
+            while sent < len(view):
+                try:
+                    count = sock.send(view[sent:])
+                except BlockingIOError:
+                    if not self.handler.select([], [sock], [], timeout)[1]:
+                        raise self.handler.timeout_exception(
+                            "socket time-out during write") from None
+                    continue
+                if not count:
+                    raise ConnectionDropped("socket connection broken")
+                sent += count
+        return None
+
+
+def install(client) -> None:
+    """Make `client` (an unstarted KazooClient) use EagerConnectionHandler."""
+    if type(client._connection) is ConnectionHandler:
+        client._connection.__class__ = EagerConnectionHandler
