@@ -63,7 +63,13 @@ class EagerConnectionHandler(ConnectionHandler):
         return None
 
 
-def install(client) -> None:
-    """Make `client` (an unstarted KazooClient) use EagerConnectionHandler."""
-    if type(client._connection) is ConnectionHandler:
-        client._connection.__class__ = EagerConnectionHandler
+def install(client) -> bool:
+    """Make `client` (an unstarted KazooClient) use EagerConnectionHandler; False (kazoo's
+    own handler kept) if this kazoo's connection handler is not the one it was written
+    for."""
+    handler = getattr(client, "_connection", None)
+    if type(handler) is not ConnectionHandler or not all(
+            hasattr(handler, name) for name in ("_socket", "_socket_error_handling")):
+        return False
+    handler.__class__ = EagerConnectionHandler
+    return True

@@ -73,3 +73,22 @@ def test_a_large_znode_goes_both_ways_through_small_socket_buffers(eager_client,
     # Both ways hit "would block" and waited on select(), as kazoo's own code does.
     assert counts["write"] > 0
     assert counts["read"] > 0
+
+
+def test_a_connection_class_it_was_not_written_for_is_left_alone(zk_hosts):
+    """Someone else's subclass (or a kazoo whose handler differs) keeps its own class."""
+    from kazoo.client import KazooClient
+    from kazoo.protocol.connection import ConnectionHandler
+
+    from zktasks.connection import install
+
+    class TheirHandler(ConnectionHandler):
+        pass
+
+    client = KazooClient(hosts=zk_hosts)
+    client._connection.__class__ = TheirHandler
+    assert install(client) is False
+    assert type(client._connection) is TheirHandler
+    plain = KazooClient(hosts=zk_hosts)
+    assert install(plain) is True
+    assert type(plain._connection) is EagerConnectionHandler
