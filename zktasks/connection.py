@@ -9,17 +9,35 @@ about 15 % of the worker's CPU. Here recv() and send() are tried first; only whe
 socket would block (BlockingIOError) is select() called, with kazoo's timeout and
 kazoo's time-out error. Everything else, including the loop's own select(), is kazoo's.
 
+It also bounds one connection attempt's wait for ZooKeeper's answer to a third of the
+session timeout (at least CONNECT_ATTEMPT_MIN seconds). kazoo waits `session timeout /
+number of hosts` for it: with one host, the whole session. A server that accepted the
+connection but does not answer (a frozen process, a restart caught half way: CI saw
+both clients of a test lose their session this way after a ZooKeeper restart) then
+costs the session, even when the next attempt would be answered at once. Given up
+sooner, the attempt is retried while the session is still alive. The Java client has
+the same `sessionTimeout / hosts`; Curator bounds the connection separately, too.
+
 kazoo offers no hook for its connection class, so `install()` swaps the class of the
-handler a KazooClient made (the subclass adds no state, only these two methods). A TLS
+handler a KazooClient made (the subclass adds no state, only methods). A TLS
 socket keeps kazoo's methods: SSL framing makes "would block" mean other things.
 """
 
 from kazoo.exceptions import ConnectionDropped
 from kazoo.protocol.connection import ConnectionHandler
 
+CONNECT_ATTEMPT_MIN = 1.0  # seconds: the floor of one attempt's wait for an answer
+
 
 class EagerConnectionHandler(ConnectionHandler):
-    """ConnectionHandler whose _read/_write try the socket before select()."""
+    """ConnectionHandler whose _read/_write try the socket before select(), and whose
+    connection attempts give up after a third of the session timeout."""
+
+    def _invoke(self, timeout, request, xid=None):
+        # kazoo calls this only to connect (and to authenticate right after).
+        session = self.client._session_timeout / 1000.0
+        return super()._invoke(min(timeout, max(CONNECT_ATTEMPT_MIN, session / 3)),
+                               request, xid)
 
     def _read(self, length, timeout):
         sock = self._socket

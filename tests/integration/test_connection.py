@@ -2,14 +2,18 @@
 against a real ZooKeeper: replies and requests far larger than the socket's buffers
 arrive whole, and the would-block path waits on select() as kazoo's does."""
 
+import logging
 import secrets
 import socket
+import threading
 
 import pytest
+from kazoo.protocol.states import KazooState
 
 from zktasks import client as clients
 from zktasks.conf import Options
 from zktasks.connection import EagerConnectionHandler
+from zktasks.testing import ZooKeeperServer
 
 BIG = 900_000  # under jute.maxbuffer (1 MB), many times a 32 KB socket buffer
 
@@ -92,3 +96,68 @@ def test_a_connection_class_it_was_not_written_for_is_left_alone(zk_hosts):
     plain = KazooClient(hosts=zk_hosts)
     assert install(plain) is True
     assert type(plain._connection) is EagerConnectionHandler
+
+
+class _Seen(logging.Handler):
+    """Set an event when kazoo logs a message containing `text`."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+        self.event = threading.Event()
+
+    def emit(self, record):
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+def test_an_unanswered_connection_attempt_is_given_up_before_the_session():
+    """A frozen server's kernel still accepts the TCP connection, but nothing answers.
+    kazoo alone waits the whole session timeout for that answer (one host), and the
+    session is gone by the time it tries again. The attempt is given up after a third
+    of it, so once the server answers again the same session carries on."""
+    server = ZooKeeperServer().start()
+    options = Options.from_params("default", {"OPTIONS": {
+        "HOSTS": server.hosts, "ROOT": "/connection-test", "SESSION_TIMEOUT": 15.0}})
+    client = clients.new_client(options)
+    seen = _Seen("Connection time-out")
+    kazoo_log = logging.getLogger("kazoo.client")
+    kazoo_log.addHandler(seen)
+    waits = []
+    read = client._connection._read
+
+    def recording(length, timeout):  # the connection's reads, their time-outs noted
+        waits.append(timeout)
+        return read(length, timeout)
+
+    client._connection._read = recording
+    try:
+        clients.start(client, options)
+        del client._connection._read
+        # The first read waits for the answer to the connection request: a third of
+        # the session timeout, not kazoo's whole session timeout (one host).
+        assert waits[0] == pytest.approx(15.0 / 3)
+        session_id = client.client_id[0]
+        lost, connected = threading.Event(), threading.Event()
+
+        def on_state(state):
+            if state == KazooState.LOST:
+                lost.set()
+            elif state == KazooState.CONNECTED:
+                connected.set()
+
+        client.add_listener(on_state)
+        server.pause()
+        # Drop the connection now rather than wait for a missed ping: the next attempt
+        # meets the frozen server.
+        client._connection._socket.shutdown(socket.SHUT_RDWR)
+        assert seen.event.wait(30)  # that attempt was given up...
+        server.resume()
+        assert connected.wait(30)  # ...and the next one was answered
+        assert client.client_id[0] == session_id
+        assert not lost.is_set()
+    finally:
+        kazoo_log.removeHandler(seen)
+        client.stop()
+        client.close()
+        server.close()
