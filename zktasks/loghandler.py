@@ -19,6 +19,7 @@ so a quiet worker's last lines would wait indefinitely.
 """
 
 import logging
+import math
 import threading
 import time
 
@@ -29,7 +30,9 @@ class GroupingStreamHandler(logging.StreamHandler):
         self.delay = delay
         self.flush_level = flush_level
         self._lines: list[str] = []
-        self._written_at = 0.0      # monotonic time of the last write
+        # Monotonic time of the last write; never at first. (Not 0.0: monotonic() counts
+        # from boot, so on a machine up for less than `delay` the first line would wait.)
+        self._written_at = -math.inf
         self._due = threading.Event()
         self._closed = False
         self._flusher = threading.Thread(target=self._flush_held, daemon=True,
