@@ -16,6 +16,7 @@ deliver a list read before our last multi).
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -121,9 +122,9 @@ class Leader:
         self.delayed: list[str] = []  # sorted names of due jobs: the first is due first
         self._delayed_next_ms: int | None = None  # the first due time not loaded yet
         self.assignments_total = 0
-        self._last_expiry = 0.0
+        self._last_expiry = -math.inf  # monotonic; not 0.0, which counts from boot
         self._next_expiry = 0.0       # epoch seconds the earliest finished bucket expires
-        self._last_cancel_sweep = 0.0
+        self._last_cancel_sweep = -math.inf
         # One function, so re-arming the watch at every sweep does not pile up closures
         # in kazoo's watcher set while finished/ stays unchanged.
         self._finished_watch = self._watch("finished")
@@ -246,7 +247,7 @@ class Leader:
     def _lead(self) -> None:
         self._set_leader(True)
         self.mark("*")  # rule 6: a new leader reconciles from the whole tree
-        last_full = 0.0
+        last_full = time.monotonic()  # the mark just above is the first full read
         while not self.stop_event.is_set():
             if self.fence_lost:
                 raise LeadershipLost("session expired")
