@@ -88,3 +88,18 @@ def test_after_a_reconnection_the_watch_is_armed_again(backend, start_worker,
     assert assignment_lists.count(worker.worker_id) == 2  # registration, reconnection
     assert worker._persistent is not None
 
+
+
+def test_a_job_retried_at_once_to_the_same_worker_is_run_again(backend, start_worker):
+    """A retry with no backoff leaves with the outcome's multi (deleting the assignment,
+    whose deletion event the worker skips as its own) and comes back to this worker as
+    a new assignment, which it must not skip. (Should it come back before the worker
+    has forgotten the job, worker._reassigned reads it then; that window is too narrow
+    for this test to hit reliably.)"""
+    worker = start_worker()
+    for _ in range(5):
+        # Under RELIST_EVERY: a lost event would show as a time-out, not a slow pass.
+        result = tasks.flaky.submit(succeed_on=3).wait(timeout=20)
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        assert result.return_value == 3
+        assert result.worker_ids == [worker.worker_id] * 3
