@@ -18,15 +18,67 @@ costs the session, even when the next attempt would be answered at once. Given u
 sooner, the attempt is retried while the session is still alive. The Java client has
 the same `sessionTimeout / hosts`; Curator bounds the connection separately, too.
 
+It also carries ZooKeeper 3.6's persistent recursive watches (`add_persistent_watch`),
+which kazoo lacks (python-zk/kazoo#715 is still open): one watch on a parent that stays
+armed and names every descendant created, changed or deleted. A worker uses it on its
+assignments (worker.py), where a one-shot child watch cost a get_children per change:
+two per job, one for the leader's assignment and one for the worker's own finish.
+
 kazoo offers no hook for its connection class, so `install()` swaps the class of the
 handler a KazooClient made (the subclass adds no state, only methods). A TLS
 socket keeps kazoo's methods: SSL framing makes "would block" mean other things.
 """
 
+import threading
+from collections import namedtuple
+
 from kazoo.exceptions import ConnectionDropped
-from kazoo.protocol.connection import ConnectionHandler
+from kazoo.protocol.connection import (
+    CHANGED_EVENT,
+    CREATED_EVENT,
+    DELETED_EVENT,
+    ConnectionHandler,
+)
+from kazoo.protocol.serialization import Watch, int_struct, write_string
+from kazoo.protocol.states import EVENT_TYPE_MAP, Callback, WatchedEvent
 
 CONNECT_ATTEMPT_MIN = 1.0  # seconds: the floor of one attempt's wait for an answer
+
+_PERSISTENT = "_zktasks_persistent"  # client attribute: {server path: (watch functions)}
+PERSISTENT_RECURSIVE = 1             # ZooKeeper's AddWatchMode.PERSISTENT_RECURSIVE
+_WATCHER_PERSISTENT_RECURSIVE = 5    # its WatcherType, to remove it (removeWatches)
+# What a recursive watch is told (ZooKeeper's own client delivers it these alone):
+_RECURSIVE_EVENTS = (CREATED_EVENT, DELETED_EVENT, CHANGED_EVENT)
+
+
+class RemoveWatches(namedtuple("RemoveWatches", "path watcher_type")):
+    """ZooKeeper's removeWatches request (opcode 18); its reply has no body."""
+
+    type = 18
+
+    def serialize(self):
+        b = bytearray(write_string(self.path))
+        b.extend(int_struct.pack(self.watcher_type))
+        return b
+
+    @classmethod
+    def deserialize(cls, buffer, offset):
+        return True
+
+
+class AddWatch(namedtuple("AddWatch", "path mode")):
+    """ZooKeeper's addWatch request (opcode 106, since 3.6); its reply has no body."""
+
+    type = 106
+
+    def serialize(self):
+        b = bytearray(write_string(self.path))
+        b.extend(int_struct.pack(self.mode))
+        return b
+
+    @classmethod
+    def deserialize(cls, buffer, offset):
+        return True
 
 
 class EagerConnectionHandler(ConnectionHandler):
@@ -38,6 +90,30 @@ class EagerConnectionHandler(ConnectionHandler):
         session = self.client._session_timeout / 1000.0
         return super()._invoke(min(timeout, max(CONNECT_ATTEMPT_MIN, session / 3)),
                                request, xid)
+
+    def _read_watch_event(self, buffer, offset):
+        # kazoo's one-shot watchers first, as kazoo does it; then the persistent ones
+        # whose parent the event's path is under (the event is parsed twice: a few bytes).
+        super()._read_watch_event(buffer, offset)
+        registry = getattr(self.client, _PERSISTENT, None)
+        if not registry:
+            return
+        client = self.client
+        watch, _ = Watch.deserialize(buffer, offset)
+        if watch.type not in _RECURSIVE_EVENTS:
+            # A child event is for a one-shot child watch on the same node: the server
+            # sends one notification per connection, whichever watches it stands for.
+            return
+        path, funcs = watch.path, []
+        for root, watchers in registry.items():
+            if path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+                funcs.extend(watchers)
+        if not funcs or client._stopped.is_set():
+            return
+        event = WatchedEvent(EVENT_TYPE_MAP[watch.type], client._state,
+                             client.unchroot(path))
+        for func in funcs:
+            client.handler.dispatch_callback(Callback("watch", func, (event,)))
 
     def _read(self, length, timeout):
         sock = self._socket
@@ -79,6 +155,75 @@ class EagerConnectionHandler(ConnectionHandler):
                     raise ConnectionDropped("socket connection broken")
                 sent += count
         return None
+
+
+def add_persistent_watch(client, path: str, func, timeout: float | None = None) -> bool:
+    """Arm a persistent recursive watch on `path`: `func(WatchedEvent)` for every node
+    created, changed or deleted under it (and for `path` itself), until removed or the
+    connection drops. False if this client cannot (kazoo's own connection handler,
+    install()); a server older than 3.6 raises kazoo's UnimplementedError or, if it
+    drops the request, leaves it unanswered for `timeout`.
+
+    The server forgets the watch with the connection, and kazoo does not arm it again
+    (nor its one-shot watches: it sends no SetWatches): after a reconnection the caller
+    adds it again, then reads what it missed. Adding it again is harmless.
+    """
+    if not isinstance(client._connection, EagerConnectionHandler):
+        return False
+    full = _server_path(client, path)
+    # Before the request: an event may come before its reply.
+    added = _register(client, full, func, add=True)
+    try:
+        reply = client.handler.async_result()
+        client._call(AddWatch(full, PERSISTENT_RECURSIVE), reply)
+        reply.get(timeout=timeout)
+    except BaseException:
+        if added:
+            _register(client, full, func, add=False)
+        raise
+    return True
+
+
+def remove_persistent_watch(client, path: str, func) -> None:
+    """Stop calling `func` for events under `path`. When it was the last function there,
+    the server is asked to forget the watch too (not waited for: it goes with the
+    connection anyway), so that it stops sending what nobody reads."""
+    full = _server_path(client, path)
+    if not _register(client, full, func, add=False):
+        return
+    if full in getattr(client, _PERSISTENT, {}):
+        return  # other functions still want it
+    try:
+        client._call(RemoveWatches(full, _WATCHER_PERSISTENT_RECURSIVE),
+                     client.handler.async_result())
+    except Exception:  # closed, or never connected: the server has nothing to forget
+        pass
+
+
+_registry_lock = threading.Lock()
+
+
+def _register(client, full: str, func, *, add: bool) -> bool:
+    """Add or drop `func` for `full`; True if that changed anything.
+
+    Copy on write: kazoo's connection thread reads the registry without a lock
+    (_read_watch_event), so it is replaced whole, never changed in place.
+    """
+    with _registry_lock:
+        registry = getattr(client, _PERSISTENT, None) or {}
+        funcs = registry.get(full, ())
+        if (func in funcs) == add:
+            return False
+        funcs = (*funcs, func) if add else tuple(f for f in funcs if f != func)
+        registry = {k: v for k, v in registry.items() if k != full}
+        if funcs:
+            registry[full] = funcs
+        setattr(client, _PERSISTENT, registry)
+        return True
+
+
+def _server_path(client, path: str) -> str:
+    return client.chroot + path if client.chroot else path
 
 
 def install(client) -> bool:

@@ -28,6 +28,7 @@ from kazoo.exceptions import (
 
 from . import records
 from .conf import Options
+from .connection import add_persistent_watch, remove_persistent_watch
 from .exceptions import PayloadTooLarge, ZooKeeperUnavailableError
 from .multiread import get_many_async
 from .records import StatusRecord
@@ -88,6 +89,7 @@ class Store:
         self._buckets_made: set[str] = set()
         self._skeleton_made = False
         self._multi_read: bool | None = None  # whether the server answers multiRead
+        self._persistent_ok = True  # until a server or client could not
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -442,6 +444,32 @@ class Store:
             except Exception as exc:  # no answer, a reset connection, a reply it garbled
                 self._no_multi_read(exc)
         return self._multi_read
+
+    def watch_persistently(self, path: str, func) -> bool:
+        """Arm (again) a persistent recursive watch on `path` calling `func` (an
+        inline_watch function: connection.py); False where the client or server cannot,
+        and the caller keeps to one-shot watches. Connection loss raises, as any read.
+
+        Asked of a server that has answered multiRead (3.6+, as addWatch): one older
+        than 3.6 would drop the request unanswered (see _multi_read_works).
+        """
+        if self._persistent_ok and self._multi_read_works(self.layout.assignments):
+            try:
+                if add_persistent_watch(self.raw_client, path, func,
+                                        timeout=self.options.session_timeout):
+                    return True
+                reason = "this client's connection handler is kazoo's own"
+            except TRANSIENT:
+                raise
+            except Exception as exc:  # UnimplementedError, no answer in time
+                reason = repr(exc)
+            self._persistent_ok = False
+            logger.warning("no persistent watches (%s): assignments are listed on every "
+                           "change in this process, as with ZooKeeper before 3.6", reason)
+        return False
+
+    def unwatch_persistently(self, path: str, func) -> None:
+        remove_persistent_watch(self.raw_client, path, func)
 
     def _no_multi_read(self, exc: BaseException) -> None:
         if self._multi_read is not False:

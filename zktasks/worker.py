@@ -18,6 +18,7 @@ outcome is written only if their old assignment still exists (never over a newer
 import heapq
 import json
 import logging
+import math
 import os
 import queue
 import secrets
@@ -73,6 +74,9 @@ LOOKAHEAD_MAX_S = 0.05
 # holding jobs while others idled).
 MAX_STARTS = BATCH_MAX  # a batch goes to one task process in one message (run_many)
 BATCH_SPAN_S = 0.002
+# Seconds between whole listings of a worker's assignments when a persistent watch tells
+# it every change (idle moments only): the leader's RECONCILE_EVERY, for the worker.
+RELIST_EVERY = 30.0
 
 
 @dataclass(order=True)
@@ -145,6 +149,22 @@ class Worker:
         self._stopped = threading.Event()
         self._session: int | None = None
         self._lost = False
+        # Our assignments are watched by a persistent recursive watch where the client and
+        # server allow it (connection.py): each assignment created or deleted arrives as
+        # an event naming it, in order, and none costs a get_children. `_relist`: list
+        # them whole next time (at registration, after a reconnection: the server forgot
+        # the watch, and what changed meanwhile is read back).
+        self._persistent: str | None = None  # the assignments path so watched
+        self._changes: list[tuple[str, bool]] = []  # (job id, created) since last read
+        self._changes_lock = threading.Lock()
+        # Jobs whose outcome is being written (their assignment goes with it): the
+        # deletion the watch then reports is our own, and needs no reading. Under a
+        # backlog these are half the events; waking the main loop for each cost the
+        # tuned row a tenth of its throughput (bench/README). Under _changes_lock.
+        self._finishing: set[str] = set()
+        self._reassigned: set[str] = set()  # of those, assigned to us again meanwhile
+        self._relist = True
+        self._listed_at = -math.inf  # monotonic time of the last whole list
         self.registered = threading.Event()
         self.completed = 0
 
@@ -239,6 +259,7 @@ class Worker:
             self.leader.identity = worker_id  # contend under the new identity next time
         self._lost = False
         self._paused = False
+        self._relist = True
         self._events.put(("assignments", None))
         self._events.put(("own", None))
         self._events.put(("cancels", None))
@@ -298,6 +319,26 @@ class Worker:
     def _on_assignments(self, event) -> None:
         self._events.put(("assignments", event.type == EventType.NONE))
 
+    @inline_watch
+    def _on_assignment_change(self, event) -> None:
+        """The persistent watch on our assignments: note which, and wake the main loop
+        (once for all changes it has not read yet)."""
+        parent, _, job_id = event.path.rpartition("/")
+        if parent != self._persistent or event.type not in (EventType.CREATED,
+                                                             EventType.DELETED):
+            return
+        created = event.type == EventType.CREATED
+        with self._changes_lock:
+            if job_id in self._finishing:
+                if created:
+                    # Retried and assigned to us again before _recorded forgot it.
+                    self._reassigned.add(job_id)
+                return  # else our own finish: _recorded forgets the job, nothing to read
+            self._changes.append((job_id, created))
+            first = len(self._changes) == 1
+        if first:
+            self._events.put(("assignments", False))
+
     # -- main loop ---------------------------------------------------------------------
 
     def _main_loop(self) -> None:
@@ -309,6 +350,11 @@ class Worker:
                 kind, value = self._events.get(timeout=timeout)
             except queue.Empty:
                 kind, value = None, None
+                if (self._persistent is not None
+                        and time.monotonic() - self._listed_at > RELIST_EVERY):
+                    # Events are hints (DESIGN rule 5): now and then, the whole list.
+                    self._relist = True
+                    self._events.put(("assignments", None))
                 for event in retry_later:  # events whose reads failed: once a second
                     self._events.put(event)
                 retry_later.clear()
@@ -381,6 +427,9 @@ class Worker:
             with self._cond:
                 self._ready.clear()
                 self._known.clear()
+            with self._changes_lock:
+                self._finishing.clear()
+                self._reassigned.clear()
             logger.error("ZooKeeper session expired worker=%s: its jobs will be handed "
                          "back; registering again", self.worker_id)
         elif state == KazooState.CONNECTED:
@@ -394,6 +443,7 @@ class Worker:
                 self._register()  # on failure the main loop posts this event again
             else:
                 self._paused = False
+                self._relist = True  # the server forgot our watches with the connection
                 logger.info("ZooKeeper connection resumed worker=%s", self.worker_id)
                 self._events.put(("assignments", None))
                 self._events.put(("own", None))
@@ -401,21 +451,55 @@ class Worker:
             with self._cond:
                 self._cond.notify_all()
 
+    def _watch_assignments(self, path: str) -> bool:
+        """Arm the persistent watch on our assignments (again); False: one-shot watches
+        it is (kazoo's own connection handler, or a server older than 3.6)."""
+        if self._persistent not in (None, path):  # a new identity after a lost session
+            self.store.unwatch_persistently(self._persistent, self._on_assignment_change)
+            self._persistent = None
+        armed = self.store.watch_persistently(path, self._on_assignment_change)
+        self._persistent = path if armed else None
+        return armed
+
+    def _assignment_changes(self, path: str) -> tuple[set[str], set[str] | None] | None:
+        """(present, absent) job ids since the last read, from the persistent watch's
+        events; None when the whole list is to be read."""
+        if self._relist or self._persistent != path:
+            return None
+        with self._changes_lock:
+            changes, self._changes = self._changes, []
+        last = dict(changes)  # in order: the last word on each job
+        return ({j for j, created in last.items() if created},
+                {j for j, created in last.items() if not created})
+
     def _read_assignments(self) -> None:
         layout = self.store.layout
         worker_id = self.worker_id
-        try:
-            current = set(self.store.children(layout.worker_assignments(worker_id),
-                                              watch=self._on_assignments))
-        except TRANSIENT:
-            return  # the state handler re-reads after reconnecting
+        path = layout.worker_assignments(worker_id)
+        changes = self._assignment_changes(path)
+        if changes is None:
+            # Changes noted until now are in the list; those after it arrive as events.
+            with self._changes_lock:
+                self._changes = []
+            try:
+                persistent = self._watch_assignments(path)
+                current = set(self.store.children(
+                    path, watch=None if persistent else self._on_assignments))
+            except TRANSIENT:
+                return  # the state handler re-reads after reconnecting
+            self._relist = False
+            self._listed_at = time.monotonic()
+            changes = (current, None)
+        present, absent = changes
         with self._cond:
-            taken_back = self._known - current - set(self._running)
+            if absent is None:  # the whole list: what is not in it was taken back
+                absent = self._known - present
+            taken_back = (absent & self._known) - set(self._running)
             if taken_back:
                 self._ready = [q for q in self._ready if q.job_id not in taken_back]
                 heapq.heapify(self._ready)
                 self._known -= taken_back
-            new = current - self._known
+            new = present - self._known
         fetch = self.store.read_statuses(sorted(new))
         ready = []
         try:
@@ -426,6 +510,7 @@ class Worker:
                     self._fail_corrupt(worker_id, job_id, exc)
                     continue
                 except TRANSIENT:
+                    self._relist = True  # these changes are not read again as events
                     return
                 if found is None:
                     self._set_aside_orphan(worker_id, job_id)
@@ -746,6 +831,8 @@ class Worker:
         final, requeue = self._final_record(running, outcome, worker_id)
         with self._cond:  # a next job to start: let this outcome share its multi
             linger = more or (bool(self._ready) and not self._paused and not self._draining)
+        with self._changes_lock:
+            self._finishing.add(job_id)
         self.committer.finish(run.commit, final, requeue=requeue, linger=linger,
                               on_done=lambda ok: self._recorded(item, final, requeue, ok, call))
         return True
@@ -769,6 +856,13 @@ class Worker:
         """The committer settled a job's outcome (on its thread): log, signal, forget."""
         with self._cond:
             self._known.discard(item.job_id)
+        with self._changes_lock:
+            self._finishing.discard(item.job_id)
+            reassigned = item.job_id in self._reassigned
+            self._reassigned.discard(item.job_id)
+        if reassigned:
+            self._relist = True  # now that it is forgotten, the list shows it as new
+            self._events.put(("assignments", None))
         # No wake-up here: the committer is still busy with this batch, so a draining main
         # loop would find it pending; its on_idle wakes the loop once all is written.
         if ok:

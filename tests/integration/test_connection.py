@@ -161,3 +161,100 @@ def test_an_unanswered_connection_attempt_is_given_up_before_the_session():
         client.stop()
         client.close()
         server.close()
+
+
+# -- persistent recursive watches (add_persistent_watch) ---------------------------------
+
+
+def _collect():
+    """A watch function that records (type, path) and a way to wait for the n-th."""
+    import queue
+
+    seen: queue.SimpleQueue = queue.SimpleQueue()
+
+    def watch(event):
+        seen.put((event.type, event.path))
+
+    def take(n):
+        return [seen.get(timeout=10) for _ in range(n)]
+
+    return watch, take, seen
+
+
+def test_a_persistent_watch_names_every_change_under_its_path_in_order(eager_client, zk_root):
+    from kazoo.protocol.states import EventType
+
+    from zktasks.connection import add_persistent_watch, remove_persistent_watch
+
+    parent = f"{zk_root}/persist"
+    eager_client.ensure_path(parent)
+    eager_client.ensure_path(f"{parent}-sibling")  # shares the prefix, not the parent
+    watch, take, seen = _collect()
+    assert add_persistent_watch(eager_client, parent, watch) is True
+    eager_client.create(f"{parent}/a", b"1")
+    eager_client.create(f"{parent}/a/deep", b"")
+    eager_client.create(f"{parent}-sibling/x", b"")
+    eager_client.set(f"{parent}/a", b"2")
+    eager_client.delete(f"{parent}/a/deep")
+    eager_client.delete(f"{parent}/a")
+    assert take(5) == [
+        (EventType.CREATED, f"{parent}/a"),
+        (EventType.CREATED, f"{parent}/a/deep"),
+        (EventType.CHANGED, f"{parent}/a"),
+        (EventType.DELETED, f"{parent}/a/deep"),
+        (EventType.DELETED, f"{parent}/a"),
+    ]
+    # Still armed after firing (unlike kazoo's one-shot watches), and a one-shot watch on
+    # the same path fires alongside it.
+    one_shot, take_one, _ = _collect()
+    assert eager_client.get_children(parent, watch=one_shot) == []
+    eager_client.create(f"{parent}/b", b"")
+    assert take(1) == [(EventType.CREATED, f"{parent}/b")]
+    assert take_one(1) == [(EventType.CHILD, parent)]
+    # Removed: no more calls. A later change's own watch shows the events have passed.
+    remove_persistent_watch(eager_client, parent, watch)
+    eager_client.delete(f"{parent}/b")
+    eager_client.create(f"{parent}/c", b"")
+    marker, take_marker, _ = _collect()
+    eager_client.exists(f"{parent}/d", watch=marker)
+    eager_client.create(f"{parent}/d", b"")
+    take_marker(1)
+    assert seen.empty()
+
+
+def test_a_persistent_watch_under_a_chroot_gets_paths_without_it(zk_hosts, zk_root):
+    from kazoo.client import KazooClient
+    from kazoo.protocol.states import EventType
+
+    from zktasks.connection import add_persistent_watch, install
+
+    setup = KazooClient(hosts=zk_hosts)
+    setup.start(15)
+    setup.ensure_path(f"{zk_root}/chrooted/jobs")
+    setup.stop()
+    setup.close()
+    client = KazooClient(hosts=f"{zk_hosts}{zk_root}/chrooted")
+    assert install(client)
+    client.start(15)
+    try:
+        watch, take, _ = _collect()
+        assert add_persistent_watch(client, "/jobs", watch)
+        client.create("/jobs/one", b"")
+        assert take(1) == [(EventType.CREATED, "/jobs/one")]
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_kazoos_own_connection_handler_has_no_persistent_watch(zk_hosts, zk_root):
+    from kazoo.client import KazooClient
+
+    from zktasks.connection import add_persistent_watch
+
+    client = KazooClient(hosts=zk_hosts)  # not install()ed
+    client.start(15)
+    try:
+        assert add_persistent_watch(client, zk_root, lambda event: None) is False
+    finally:
+        client.stop()
+        client.close()

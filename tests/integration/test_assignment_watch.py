@@ -1,0 +1,105 @@
+"""A worker learns of its assignments from a persistent recursive watch (ZooKeeper 3.6+,
+zktasks/connection.py), listing them only when it registers or reconnects; with
+one-shot watches (kazoo's own handler, an older server) it lists them on every change."""
+
+import threading
+
+import pytest
+from django.tasks import TaskResultStatus
+
+from tests import tasks
+from zktasks import store as store_module
+from zktasks.store import Store
+
+JOBS = 12  # more than a worker's capacity (2 runners + 8 prefetched): finishes must be seen
+
+
+def _count_listings(monkeypatch, thread_name: str) -> list[str]:
+    """The worker ids whose assignments the thread called `thread_name` listed, once per
+    listing."""
+    listed: list[str] = []
+    children = Store.children
+
+    def counting(self, path, watch=None):
+        parent, _, name = path.rpartition("/")
+        if (threading.current_thread().name == thread_name
+                and parent == self.layout.assignments):
+            listed.append(name)
+        return children(self, path, watch=watch)
+
+    monkeypatch.setattr(Store, "children", counting)
+    return listed
+
+
+@pytest.fixture
+def assignment_lists(monkeypatch):
+    """Listings by the worker's main loop (conftest's start_worker thread)."""
+    return _count_listings(monkeypatch, "test-worker")
+
+
+
+
+def _run_jobs(worker):
+    for i in range(JOBS):  # one at a time: every job is a change of its own
+        result = tasks.add.submit(i, 1).wait(timeout=30)
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        assert result.return_value == i + 1
+        assert result.worker_ids == [worker.worker_id]
+
+
+def test_a_worker_lists_its_assignments_once_and_follows_the_watch(
+        backend, start_worker, assignment_lists):
+    worker = start_worker()
+    _run_jobs(worker)
+    assert worker._persistent == backend.store.layout.worker_assignments(worker.worker_id)
+    assert assignment_lists.count(worker.worker_id) == 1  # at registration only
+
+
+def test_without_persistent_watches_a_worker_lists_them_on_every_change(
+        backend, start_worker, assignment_lists, monkeypatch):
+    monkeypatch.setattr(store_module, "add_persistent_watch", lambda *args, **kw: False)
+    worker = start_worker()
+    _run_jobs(worker)
+    assert worker._persistent is None
+    assert assignment_lists.count(worker.worker_id) > JOBS  # an assignment and a finish
+
+
+def test_after_a_reconnection_the_watch_is_armed_again(backend, start_worker,
+                                                      assignment_lists):
+    """ZooKeeper forgets a connection's watches with it (and kazoo does not re-arm
+    them): the worker lists its assignments once more and arms the watch again."""
+    from kazoo.protocol.connection import _CONNECTION_DROP  # kazoo's own test hook
+    from kazoo.protocol.states import KazooState
+
+    worker = start_worker()
+    _run_jobs(worker)
+    resumed = threading.Event()
+    session = worker.client.client_id
+
+    def on_state(state):
+        if state == KazooState.CONNECTED:
+            resumed.set()
+
+    worker.client.add_listener(on_state)
+    worker.client._call(_CONNECTION_DROP, worker.client.handler.async_result())
+    assert resumed.wait(30), "the worker's client did not reconnect"
+    assert worker.client.client_id == session  # the same session: a reconnection
+    _run_jobs(worker)
+    assert assignment_lists.count(worker.worker_id) == 2  # registration, reconnection
+    assert worker._persistent is not None
+
+
+
+def test_a_job_retried_at_once_to_the_same_worker_is_run_again(backend, start_worker):
+    """A retry with no backoff leaves with the outcome's multi (deleting the assignment,
+    whose deletion event the worker skips as its own) and comes back to this worker as
+    a new assignment, which it must not skip. (Should it come back before the worker
+    has forgotten the job, worker._reassigned reads it then; that window is too narrow
+    for this test to hit reliably.)"""
+    worker = start_worker()
+    for _ in range(5):
+        # Under RELIST_EVERY: a lost event would show as a time-out, not a slow pass.
+        result = tasks.flaky.submit(succeed_on=3).wait(timeout=20)
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        assert result.return_value == 3
+        assert result.worker_ids == [worker.worker_id] * 3
