@@ -46,19 +46,21 @@ CONNECT_ATTEMPT_MIN = 1.0  # seconds: the floor of one attempt's wait for an ans
 
 _PERSISTENT = "_zktasks_persistent"  # client attribute: {server path: (watch functions)}
 PERSISTENT_RECURSIVE = 1             # ZooKeeper's AddWatchMode.PERSISTENT_RECURSIVE
-_WATCHER_PERSISTENT_RECURSIVE = 5    # its WatcherType, to remove it (removeWatches)
+# The WatcherType that removes it: Any (3.8 knows no other for persistent watches; it
+# also removes a one-shot watch of this connection on the same path).
+_WATCHER_ANY = 3
 # What a recursive watch is told (ZooKeeper's own client delivers it these alone):
 _RECURSIVE_EVENTS = (CREATED_EVENT, DELETED_EVENT, CHANGED_EVENT)
 
 
-class RemoveWatches(namedtuple("RemoveWatches", "path watcher_type")):
-    """ZooKeeper's removeWatches request (opcode 18); its reply has no body."""
+class _PathAndInt(namedtuple("_PathAndInt", "path value")):
+    """A request of a path and an int whose reply has no body."""
 
-    type = 18
+    type = None
 
     def serialize(self):
         b = bytearray(write_string(self.path))
-        b.extend(int_struct.pack(self.watcher_type))
+        b.extend(int_struct.pack(self.value))
         return b
 
     @classmethod
@@ -66,19 +68,16 @@ class RemoveWatches(namedtuple("RemoveWatches", "path watcher_type")):
         return True
 
 
-class AddWatch(namedtuple("AddWatch", "path mode")):
-    """ZooKeeper's addWatch request (opcode 106, since 3.6); its reply has no body."""
+class AddWatch(_PathAndInt):
+    """ZooKeeper's addWatch (opcode 106, since 3.6); the int is the AddWatchMode."""
 
     type = 106
 
-    def serialize(self):
-        b = bytearray(write_string(self.path))
-        b.extend(int_struct.pack(self.mode))
-        return b
 
-    @classmethod
-    def deserialize(cls, buffer, offset):
-        return True
+class RemoveWatches(_PathAndInt):
+    """ZooKeeper's removeWatches (opcode 18); the int is the WatcherType."""
+
+    type = 18
 
 
 class EagerConnectionHandler(ConnectionHandler):
@@ -187,14 +186,16 @@ def add_persistent_watch(client, path: str, func, timeout: float | None = None) 
 def remove_persistent_watch(client, path: str, func) -> None:
     """Stop calling `func` for events under `path`. When it was the last function there,
     the server is asked to forget the watch too (not waited for: it goes with the
-    connection anyway), so that it stops sending what nobody reads."""
+    connection anyway), so that it stops sending what nobody reads. ZooKeeper 3.8 can
+    only be asked to forget every watch of this connection on `path`: a one-shot watch
+    on `path` itself goes too (the worker sets none there)."""
     full = _server_path(client, path)
     if not _register(client, full, func, add=False):
         return
     if full in getattr(client, _PERSISTENT, {}):
         return  # other functions still want it
     try:
-        client._call(RemoveWatches(full, _WATCHER_PERSISTENT_RECURSIVE),
+        client._call(RemoveWatches(full, _WATCHER_ANY),
                      client.handler.async_result())
     except Exception:  # closed, or never connected: the server has nothing to forget
         pass

@@ -258,3 +258,34 @@ def test_kazoos_own_connection_handler_has_no_persistent_watch(zk_hosts, zk_root
     finally:
         client.stop()
         client.close()
+
+
+def test_removing_the_last_function_asks_the_server_to_forget_the_watch(eager_client,
+                                                                         zk_root):
+    from kazoo.exceptions import NoWatcherError
+
+    from zktasks.connection import (
+        _WATCHER_ANY,
+        RemoveWatches,
+        add_persistent_watch,
+        remove_persistent_watch,
+    )
+
+    def remove_again(path):
+        reply = eager_client.handler.async_result()
+        eager_client._call(RemoveWatches(path, _WATCHER_ANY), reply)
+        return reply.get(timeout=10)
+
+    parent = f"{zk_root}/forget"
+    eager_client.ensure_path(parent)
+    first, second = (lambda event: None), (lambda event: None)
+    assert add_persistent_watch(eager_client, parent, first)
+    assert add_persistent_watch(eager_client, parent, second)
+    remove_persistent_watch(eager_client, parent, first)
+    assert remove_again(parent) is True  # still on the server: `second` wanted it
+    assert add_persistent_watch(eager_client, parent, first)
+    remove_persistent_watch(eager_client, parent, first)
+    remove_persistent_watch(eager_client, parent, second)  # the last: the server forgets
+    eager_client.sync(parent)  # the removal (not waited for) has been answered
+    with pytest.raises(NoWatcherError):
+        remove_again(parent)
