@@ -1,7 +1,9 @@
 """The worker: register, take assignments, run them, record outcomes; knows no argparse.
 
 One main thread reads the worker's own assignments when its watch fires (rule 7: a
-worker watches only its own parent) and queues them; runner threads each take one (or
+worker watches only its own parent; a persistent recursive watch where ZooKeeper has
+them, which names each change, so that only new jobs are read: see _read_assignments)
+and queues them; runner threads each take one (or
 a few jobs shorter than a round trip, see `MAX_STARTS`), record RUNNING (fenced by the
 assignment znode), hand it to the executor, then record the outcome and delete the
 assignment in one multi. There are twice as many runners as
