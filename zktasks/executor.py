@@ -230,12 +230,19 @@ class _Slot:
         self.queued: dict[str, int] = {}
         self.forced: set[str] = set()
         self.cancelled = False
+        self.killed = None  # the process a forced cancel sent SIGKILL, until reaped
         self.runs = 0
         self.cancel_flags = ctx.Array("q", BATCH_MAX, lock=False)  # see context.py
 
     def ensure(self) -> None:
-        if self.process is not None and self.process.is_alive():
+        process = self.process
+        # SIGKILL is not instant: a process a forced cancel killed can look alive for a
+        # moment, and, if the outcome it was on had already been read, nobody else
+        # reaps it. Never hand it the next run.
+        if process is not None and process is not self.killed and process.is_alive():
             return
+        if process is not None:
+            self._reap()  # joins (at once for a dead or killed process) and closes
         self.close()
         parent, child = self.ctx.Pipe()
         self.process = self.ctx.Process(
@@ -303,7 +310,7 @@ class _Slot:
         if process is None or not process.is_alive():
             return
         if force:
-            self.cancelled = True
+            self.cancelled, self.killed = True, process
             process.kill()
         else:
             self.flag(number)

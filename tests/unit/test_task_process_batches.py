@@ -114,3 +114,17 @@ def test_jobs_cancelled_while_they_wait_in_a_batch_are_not_run(runner, tmp_path)
     assert value(outcomes[4]) == 4
     assert sorted(runs(tmp_path)) == [4]  # 1, 2 and 3 never ran
     assert Path(tmp_path, "pid").exists()
+
+
+def test_a_task_process_killed_by_a_forced_cancel_is_never_handed_the_next_job(runner):
+    """A forced cancel sends SIGKILL and returns; the process may be alive for a moment
+    after. If the outcome of the cancelled job was already on its way (the race the
+    batch test above can hit), nobody reads EOF and reaps it: the next job must still go
+    to a fresh task process, not into the pipe of the dying one."""
+    slot = runner.slots[0]
+    assert value(runner.run(execution(tasks.add, 1, 1))) == 2
+    for attempt in range(5):
+        dying = slot.process
+        slot.cancel(slot.runs, force=True)
+        assert value(runner.run(execution(tasks.add, attempt, 3))) == attempt + 3
+        assert slot.process is not dying and dying.exitcode == -9
