@@ -443,7 +443,12 @@ class ProcessRunner:
                     slot.job_id, slot.cancelled = job_id, False
                     number = slot.queued[job_id]
                     cancelled = job_id in slot.forced or slot.flagged(number)
-                    lost = conn is None or slot.conn is not conn
+                    # A forced cancel of the job before may have killed the process
+                    # just after that job reported, while it ran this one: run this
+                    # one again in a fresh process, unless its outcome is already in.
+                    killed = slot.process is not None and slot.process is slot.killed
+                    lost = (conn is None or slot.conn is not conn
+                            or killed and not slot.reported())
                     if lost and not cancelled:
                         # The batch ended with an earlier job: this one runs alone.
                         slot.queued[job_id] = number = self._number(slot)

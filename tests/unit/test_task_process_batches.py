@@ -128,3 +128,33 @@ def test_a_task_process_killed_by_a_forced_cancel_is_never_handed_the_next_job(r
         slot.cancel(slot.runs, force=True)
         assert value(runner.run(execution(tasks.add, attempt, 3))) == attempt + 3
         assert slot.process is not dying and dying.exitcode == -9
+
+
+def test_a_forced_kill_that_lands_after_its_job_reported_reruns_the_next_one(runner, tmp_path):
+    """The race a forced cancel of a running job can lose: the job reports its outcome,
+    the task process starts the next job of the batch, and only then does the SIGKILL
+    land. The next job did not fail: it runs again from its start in a fresh process,
+    as the docstring of run_many promises, instead of reporting TaskProcessDied."""
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir(), b_dir.mkdir()
+    a = execution(tasks.record_pid_and_wait, str(a_dir), str(tmp_path / "release-a"))
+    b = execution(tasks.record_pid_and_wait, str(b_dir), str(tmp_path / "release-b"))
+    outcomes = runner.run_many([a, b])
+    first = []
+    reader = threading.Thread(target=lambda: first.append(next(outcomes)))
+    reader.start()
+    wait_until((a_dir / "pid").exists, 30, "job a to start")
+    (tmp_path / "release-a").touch()
+    wait_until((b_dir / "pid").exists, 30, "job b to start on the same process")
+    reader.join(30)
+    slot = runner.slots[0]
+    killed = slot.process
+    # The kill of a that was decided while a still ran (ProcessRunner.cancel saw no
+    # outcome in the pipe yet), landing now that the process runs b.
+    slot.cancel(slot.runs - 1, force=True)
+    (b_dir / "pid").unlink()
+    (tmp_path / "release-b").touch()
+    rest = list(outcomes)
+    assert value(first[0]) == killed.pid
+    assert len(rest) == 1 and value(rest[0]) == int((b_dir / "pid").read_text())
+    assert value(rest[0]) != killed.pid
