@@ -289,3 +289,168 @@ def test_removing_the_last_function_asks_the_server_to_forget_the_watch(eager_cl
     eager_client.sync(parent)  # the removal (not waited for) has been answered
     with pytest.raises(NoWatcherError):
         remove_again(parent)
+
+
+# -- requests sent by the thread that makes them (send_now) ------------------------------
+
+
+def _count_queued_sends(client, monkeypatch) -> list:
+    """The requests kazoo's connection thread takes from its queue and sends."""
+    sent = []
+    send_request = client._connection._send_request
+
+    def counting(read_timeout, connect_timeout):
+        if client._queue:
+            sent.append(client._queue[0][0])
+        return send_request(read_timeout, connect_timeout)
+
+    monkeypatch.setattr(client._connection, "_send_request", counting)
+    return sent
+
+
+def test_a_request_is_sent_by_the_thread_that_makes_it(eager_client, zk_root, monkeypatch):
+    eager_client.ensure_path(zk_root)
+    sent = _count_queued_sends(eager_client, monkeypatch)
+    for i in range(50):
+        eager_client.create(f"{zk_root}/n{i}", str(i).encode())
+    assert [eager_client.get(f"{zk_root}/n{i}")[0] for i in range(50)] \
+        == [str(i).encode() for i in range(50)]
+    assert sent == []  # kazoo's connection thread was never asked to send one
+
+
+def test_one_threads_requests_keep_their_order_across_a_dropped_connection(
+        eager_client, zk_root, monkeypatch):
+    """Sequential creates from one thread, the connection dropped in the middle (kazoo's
+    own test hook, which goes through kazoo's queue). Each request gets a reply or
+    ConnectionLoss, none is left waiting; the ones that were made got sequence numbers
+    in the order they were asked for: direct sends and queued ones never overtake."""
+    from kazoo.exceptions import ConnectionLoss
+    from kazoo.protocol.connection import _CONNECTION_DROP  # kazoo's own test hook
+
+    eager_client.ensure_path(f"{zk_root}/seq")
+    sent = _count_queued_sends(eager_client, monkeypatch)
+    results = []
+    for i in range(400):
+        results.append(eager_client.create_async(f"{zk_root}/seq/n-", str(i).encode(),
+                                                 sequence=True))
+        if i == 150:
+            eager_client._call(_CONNECTION_DROP, eager_client.handler.async_result())
+    made, lost = [], 0
+    for i, result in enumerate(results):
+        try:
+            made.append((i, int(result.get(timeout=30).rsplit("-", 1)[1])))
+        except ConnectionLoss:
+            lost += 1
+    assert made == sorted(made, key=lambda pair: pair[1])
+    assert lost > 0  # the drop did cut requests off...
+    assert len(sent) > 1  # ...and some waited in kazoo's queue
+    assert made[-1][0] == 399  # the connection came back and the last one was made
+    children = eager_client.get_children(f"{zk_root}/seq")
+    assert {int(c.rsplit("-", 1)[1]) for c in children} >= {seq for _, seq in made}
+
+
+def test_threads_sending_at_once_while_the_connection_drops_get_every_reply(
+        eager_client, zk_root):
+    """Four threads send creates at once (each with a distinct payload) while the
+    connection drops: every request ends (a path or ConnectionLoss) and each path got
+    the data of the request it answers, so no reply was matched to another's request."""
+    from kazoo.exceptions import ConnectionLoss
+    from kazoo.protocol.connection import _CONNECTION_DROP
+
+    eager_client.ensure_path(f"{zk_root}/many")
+    outcomes: dict[str, str] = {}
+    failures = []
+    go = threading.Barrier(5)
+
+    def send(name):
+        go.wait()
+        results = [(f"{name}-{i}", eager_client.create_async(
+            f"{zk_root}/many/{name}-{i}", f"{name}-{i}".encode())) for i in range(250)]
+        for payload, result in results:
+            try:
+                outcomes[payload] = result.get(timeout=30)
+            except ConnectionLoss:
+                pass
+            except Exception as exc:  # noqa: BLE001 - the test reports it
+                failures.append(exc)
+
+    threads = [threading.Thread(target=send, args=(f"t{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    go.wait()
+    eager_client._call(_CONNECTION_DROP, eager_client.handler.async_result())
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert failures == []
+    assert outcomes
+    for payload, path in outcomes.items():
+        assert path == f"{zk_root}/many/{payload}"
+        assert eager_client.get(path)[0] == payload.encode()
+
+
+def test_a_send_that_cannot_finish_ends_the_connection_and_fails_its_request():
+    """A request sent at once into a frozen server: the socket's buffers fill, the send
+    times out half written. The connection is ended (the stream is cut mid-message),
+    the request fails with ConnectionLoss, and once the server answers again the same
+    session carries on."""
+    from kazoo.exceptions import ConnectionLoss
+
+    server = ZooKeeperServer().start()
+    options = Options.from_params("default", {"OPTIONS": {
+        "HOSTS": server.hosts, "ROOT": "/connection-test", "SESSION_TIMEOUT": 15.0}})
+    client = clients.new_client(options)
+    try:
+        clients.start(client, options)
+        session_id = client.client_id[0]
+        connection = client._connection
+        connection._direct.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32768)
+        connection._direct_timeout = 0.5
+        server.pause()
+        try:
+            result = client.create_async("/big", secrets.token_bytes(BIG))
+            # The send gave up inside create_async, in this thread: the connection is
+            # ended, and the request fails once the connection thread has seen it.
+            with pytest.raises(ConnectionLoss):
+                result.get(timeout=30)
+        finally:
+            server.resume()
+        client.ensure_path("/after")
+        assert client.exists("/after") is not None
+        assert client.client_id[0] == session_id
+    finally:
+        client.stop()
+        client.close()
+        server.close()
+
+
+def test_a_request_sent_at_once_as_the_connection_ends_fails_and_is_not_carried_over(
+        eager_client, zk_root):
+    """The narrow window: another thread passed the 'connected' check and sends at once
+    just after kazoo failed what was pending (kazoo calls its state listeners right
+    then, on its connection thread: this test sends from there). That request must
+    fail with ConnectionLoss, and must not stay pending into the next connection, where
+    the first reply would be matched to it."""
+    from kazoo.exceptions import ConnectionLoss
+    from kazoo.protocol.connection import _CONNECTION_DROP
+    from kazoo.protocol.serialization import Exists
+
+    eager_client.ensure_path(zk_root)
+    late = eager_client.handler.async_result()
+    reconnected = threading.Event()
+
+    def on_state(state):
+        if state == KazooState.SUSPENDED and not late.ready():
+            assert eager_client._connection.send_now(Exists(zk_root, None), late)
+        elif state == KazooState.CONNECTED:
+            reconnected.set()
+
+    eager_client.add_listener(on_state)
+    eager_client._call(_CONNECTION_DROP, eager_client.handler.async_result())
+    with pytest.raises(ConnectionLoss):
+        late.get(timeout=30)
+    assert reconnected.wait(30)
+    eager_client.remove_listener(on_state)
+    for i in range(20):  # each reply is matched to its own request
+        eager_client.create(f"{zk_root}/after-{i}", str(i).encode())
+        assert eager_client.get(f"{zk_root}/after-{i}")[0] == str(i).encode()
