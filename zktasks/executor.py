@@ -174,6 +174,10 @@ def _die_with_parent() -> None:
         pass
 
 
+_READY = "ready"  # a task process's first message: set up, waiting for runs
+READY_TIMEOUT = 120.0  # seconds a new task process may take to set up Django
+
+
 def _child_main(conn, parent_pid: int, cancel_flags) -> None:
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -187,6 +191,9 @@ def _child_main(conn, parent_pid: int, cancel_flags) -> None:
     import django
 
     django.setup()
+    # Ready: the worker counts a run's hard time limit from the hand-off, so it waits
+    # for this before the first one (django.setup() took 3 s on a loaded 2-CPU VM).
+    conn.send(_READY)
     while True:
         try:
             message = conn.recv()
@@ -231,6 +238,7 @@ class _Slot:
         self.forced: set[str] = set()
         self.cancelled = False
         self.killed = None  # the process a forced cancel sent SIGKILL, until reaped
+        self.ready = False  # whether the task process has said it is set up
         self.runs = 0
         self.cancel_flags = ctx.Array("q", BATCH_MAX, lock=False)  # see context.py
 
@@ -252,7 +260,7 @@ class _Slot:
         )
         self.process.start()
         child.close()
-        self.conn = parent
+        self.conn, self.ready = parent, False
 
     def send(self, message):
         """Hand runs to the task process; return the connection, or None if it is gone."""
@@ -261,10 +269,24 @@ class _Slot:
         try:
             if conn is None:
                 raise EOFError("the task process was stopped")
+            if not self.ready:
+                self._wait_ready(conn)
             conn.send(message)
         except (EOFError, OSError):
             return None
         return conn
+
+    def _wait_ready(self, conn) -> None:
+        if not conn.poll(READY_TIMEOUT):
+            logger.error("A task process did not set up within %gs; killing it.",
+                         READY_TIMEOUT)
+            self.kill()
+            raise EOFError("the task process did not set up")
+        message = conn.recv()  # EOFError if it died setting up
+        if message != _READY:
+            raise RuntimeError(f"A task process's first message was {message!r}, "
+                               f"not {_READY!r}.")
+        self.ready = True
 
     def run(self, number: int, execution: Execution) -> Outcome:
         conn = self.send((number, execution))
@@ -304,6 +326,19 @@ class _Slot:
             return conn is not None and conn.poll(0)
         except (EOFError, OSError):
             return False
+
+    def salvage(self, conn) -> Outcome | None:
+        """After a forced kill of this process: the outcome it sent before it died, or
+        None. (poll() is true at EOF too, so reported() cannot tell.)"""
+        killed = self.killed
+        if killed is not None:
+            killed.join(5)  # SIGKILL: at once
+        try:
+            if conn.poll(0):
+                return conn.recv()
+        except (EOFError, OSError):
+            pass
+        return None
 
     def cancel(self, number: int, *, force: bool) -> None:
         process = self.process
@@ -442,17 +477,23 @@ class ProcessRunner:
                 with self._lock:
                     slot.job_id, slot.cancelled = job_id, False
                     number = slot.queued[job_id]
-                    cancelled = job_id in slot.forced or slot.flagged(number)
-                    # A forced cancel of the job before may have killed the process
-                    # just after that job reported, while it ran this one: run this
-                    # one again in a fresh process, unless its outcome is already in.
-                    killed = slot.process is not None and slot.process is slot.killed
-                    lost = (conn is None or slot.conn is not conn
-                            or killed and not slot.reported())
-                    if lost and not cancelled:
-                        # The batch ended with an earlier job: this one runs alone.
-                        slot.queued[job_id] = number = self._number(slot)
+                    lost = conn is None or slot.conn is not conn
+                    killed = not lost and slot.process is slot.killed
+                # A forced cancel of the job before may have killed the process just
+                # after that job reported, while it ran this one: run this one again
+                # in a fresh process, unless its outcome had already been sent.
+                salvaged = slot.salvage(conn) if killed else None
+                if killed and salvaged is None:
+                    lost, conn = True, None
                 if lost:
+                    with self._lock:
+                        cancelled = job_id in slot.forced or slot.flagged(number)
+                        if not cancelled:
+                            # The batch ended before this job: it runs alone.
+                            slot.queued[job_id] = number = self._number(slot)
+                if salvaged is not None:
+                    outcome = salvaged
+                elif lost:
                     outcome = (_not_started(execution) if cancelled
                                else slot.run(number, execution))
                 elif job_id in slot.forced and not slot.reported():

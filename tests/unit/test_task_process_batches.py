@@ -158,3 +158,17 @@ def test_a_forced_kill_that_lands_after_its_job_reported_reruns_the_next_one(run
     assert value(first[0]) == killed.pid
     assert len(rest) == 1 and value(rest[0]) == int((b_dir / "pid").read_text())
     assert value(rest[0]) != killed.pid
+
+
+def test_a_runs_time_limit_starts_once_its_task_process_is_set_up(monkeypatch):
+    """A new task process first sets up Django (3 s seen on a loaded VM). The run's hard
+    limit (0.5 s + 1 s of grace here) is counted from the hand-off, so the worker waits
+    for the process to say it is ready: the job is not killed for the setup's time."""
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_settings")
+    monkeypatch.setenv("SLOW_SETUP_SECONDS", "2.5")
+    runner = ProcessRunner(1)
+    runner.start()
+    try:
+        assert value(runner.run(execution(tasks.short_sleep, 0.1, timeout=0.5))) == 0.1
+    finally:
+        runner.stop()
