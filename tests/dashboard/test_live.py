@@ -1,6 +1,7 @@
 """The live endpoint is fed by watches: polls read nothing, a change reads only its path."""
 
 import threading
+import time
 
 import pytest
 
@@ -115,12 +116,17 @@ def test_a_burst_of_changes_is_read_a_few_times_not_once_each(admin_client, back
     tasks.add.submit(0, 0)
     settle(admin_client, lambda d: d["totals"]["pending"] == 1, "first job seen")
     reads.clear()
+    started = time.monotonic()
     for i in range(150):
         tasks.add.submit(i, 1)
     settle(admin_client, lambda d: d["totals"]["pending"] == 151, "the burst seen")
+    elapsed = time.monotonic() - started
     queue = backend.store.layout.queue("default")
     lists = [r for r in reads if r[1] == queue and r[2] == "zktasks-dashboard-live"]
-    assert 1 <= len(lists) <= 10, len(lists)
+    # At most one list per MIN_INTERVAL the burst lasted (on a loaded machine the 150
+    # fsync'd submits take seconds), plus one per new shard: never one per job.
+    bound = elapsed / dashboard.LiveState.MIN_INTERVAL + 6
+    assert 1 <= len(lists) <= bound and len(lists) < 50, (len(lists), elapsed)
 
 
 def test_an_idle_cache_reads_nothing_until_polled_again(admin_client, backend, reads,

@@ -238,11 +238,12 @@ def test_live_json_reports_a_job_and_its_changes(admin_client, backend, start_wo
     assert data["totals"]["pending"] == 1
     before = data["topics"][f"job:{job.id}"]
     start_worker()
-    data = wait_live(admin_client, lambda d: d["job"]["state"] == "RUNNING", "running",
-                     job=job.id)
+    # The job's record, the worker's assignments and the queue are separate cache keys,
+    # each re-read at most once a second: wait for all three to show the run.
+    data = wait_live(admin_client, lambda d: d["job"]["state"] == "RUNNING"
+                     and d["totals"]["running"] == 1 and d["totals"]["pending"] == 0
+                     and d["queues"][0]["running"] == 1, "running", job=job.id)
     assert data["topics"][f"job:{job.id}"] > before
-    assert data["totals"]["running"] == 1 and data["totals"]["pending"] == 0
-    assert data["queues"][0]["running"] == 1
     release.touch()
     wait_live(admin_client, lambda d: d["job"]["state"] == "SUCCESSFUL", "finished",
               job=job.id)
