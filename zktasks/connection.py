@@ -27,9 +27,9 @@ two per job, one for the leader's assignment and one for the worker's own finish
 It also lets the thread that makes a request send it (`send_now`). kazoo's own `_call`
 queues the request and writes a byte to a socket pair to wake the connection thread,
 which then reads the byte and sends the request: two thread switches and three system
-calls more per request than sending it at once. On a loaded 2-CPU machine a sync
-create() cost its process 35 % less CPU sent at once (0.23-0.26 -> 0.17 ms,
-/tmp-free figures in bench/README, "Sending from the caller's thread"). What kazoo
+calls more per request than sending it at once. A sync create() costs its process
+about a quarter less CPU sent at once (`bench/sync_requests.py`; figures in
+bench/README, "Requests sent by the thread that makes them"). What kazoo
 relies on is kept: requests go out in xid order with their `_pending` entry appended
 first, under one lock that the connection thread's own sends take too; only on a
 connection whose handshake and authentication are done (`_direct`), and only when
