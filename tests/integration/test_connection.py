@@ -74,9 +74,11 @@ def test_a_large_znode_goes_both_ways_through_small_socket_buffers(eager_client,
     got, stat = eager_client.get(path)
     assert got == data
     assert stat.dataLength == BIG
-    # Both ways hit "would block" and waited on select(), as kazoo's own code does.
+    # The request hit "would block" and waited on select(), as kazoo's own code does:
+    # 900 KB cannot leave through a 64 KB buffer in one go. (The reply's reads usually
+    # do too, but not always: a reader slower than ZooKeeper, on a loaded machine,
+    # finds data at every recv() and never has to wait.)
     assert counts["write"] > 0
-    assert counts["read"] > 0
 
 
 def test_a_connection_class_it_was_not_written_for_is_left_alone(zk_hosts):
@@ -320,31 +322,49 @@ def test_a_request_is_sent_by_the_thread_that_makes_it(eager_client, zk_root, mo
 
 def test_one_threads_requests_keep_their_order_across_a_dropped_connection(
         eager_client, zk_root, monkeypatch):
-    """Sequential creates from one thread, the connection dropped in the middle (kazoo's
-    own test hook, which goes through kazoo's queue). Each request gets a reply or
-    ConnectionLoss, none is left waiting; the ones that were made got sequence numbers
-    in the order they were asked for: direct sends and queued ones never overtake."""
+    """Sequential creates from one thread: 150 sent at once, then the connection dropped
+    (kazoo's own test hook, through kazoo's queue), 100 made while it is down (they wait
+    in kazoo's queue and go out on the next connection), then 150 more once it is back.
+    Each request gets a reply or ConnectionLoss, none is left waiting, and the ones that
+    were made got sequence numbers in the order they were asked for: direct sends and
+    queued ones never overtake one another."""
     from kazoo.exceptions import ConnectionLoss
     from kazoo.protocol.connection import _CONNECTION_DROP  # kazoo's own test hook
 
     eager_client.ensure_path(f"{zk_root}/seq")
     sent = _count_queued_sends(eager_client, monkeypatch)
-    results = []
-    for i in range(400):
-        results.append(eager_client.create_async(f"{zk_root}/seq/n-", str(i).encode(),
-                                                 sequence=True))
-        if i == 150:
-            eager_client._call(_CONNECTION_DROP, eager_client.handler.async_result())
-    made, lost = [], 0
+    suspended, issued, connected = threading.Event(), threading.Event(), threading.Event()
+
+    def on_state(state):  # on kazoo's connection thread, which waits here to reconnect
+        if state == KazooState.SUSPENDED:
+            suspended.set()
+            issued.wait(30)
+        else:
+            connected.set()
+
+    def create(i):
+        return eager_client.create_async(f"{zk_root}/seq/n-", str(i).encode(),
+                                         sequence=True)
+
+    results = [create(i) for i in range(150)]
+    eager_client.add_listener(on_state)
+    eager_client._call(_CONNECTION_DROP, eager_client.handler.async_result())
+    assert suspended.wait(30)
+    results += [create(i) for i in range(150, 250)]
+    issued.set()
+    assert connected.wait(30)
+    eager_client.remove_listener(on_state)
+    results += [create(i) for i in range(250, 400)]
+    made, lost = [], []
     for i, result in enumerate(results):
         try:
             made.append((i, int(result.get(timeout=30).rsplit("-", 1)[1])))
         except ConnectionLoss:
-            lost += 1
+            lost.append(i)
     assert made == sorted(made, key=lambda pair: pair[1])
-    assert lost > 0  # the drop did cut requests off...
-    assert len(sent) > 1  # ...and some waited in kazoo's queue
-    assert made[-1][0] == 399  # the connection came back and the last one was made
+    assert all(i < 150 for i in lost)  # only requests of the dropped connection
+    assert len(sent) >= 101  # the drop, and the 100 made while down, from the queue
+    assert [i for i, _ in made if i >= 150] == list(range(150, 400))
     children = eager_client.get_children(f"{zk_root}/seq")
     assert {int(c.rsplit("-", 1)[1]) for c in children} >= {seq for _, seq in made}
 
