@@ -61,9 +61,9 @@ def connections(monkeypatch):
 
 
 
-def _run_jobs(worker):
+def _run_jobs(worker, timeout=30):
     for i in range(JOBS):  # one at a time: every job is a change of its own
-        result = tasks.add.submit(i, 1).wait(timeout=30)
+        result = tasks.add.submit(i, 1).wait(timeout=timeout)
         assert result.status == TaskResultStatus.SUCCESSFUL
         assert result.return_value == i + 1
         assert result.worker_ids == [worker.worker_id]
@@ -128,3 +128,22 @@ def test_a_job_retried_at_once_to_the_same_worker_is_run_again(backend, start_wo
         assert result.status == TaskResultStatus.SUCCESSFUL
         assert result.return_value == 3
         assert result.worker_ids == [worker.worker_id] * 3
+
+
+def test_arming_the_watch_again_keeps_the_leaders_child_watch_in_the_same_process(
+        backend, start_worker):
+    """ZooKeeper before 3.9 keeps one watch mode per connection and path (ZOOKEEPER-4466).
+    A worker and the leader in one process share a connection, and both watch the
+    worker's assignments: the leader with a child watch, the worker with a persistent
+    recursive one. Armed in that order (after a reconnection they re-arm in either
+    order), the worker's addWatch turned the leader's watch recursive: the leader was
+    told of none of the worker's finishes, took it for full, and assigned it nothing
+    until its 30 s full read. The worker now has the leader re-list after arming."""
+    worker = start_worker()
+    _run_jobs(worker)  # by now the leader has a child watch on this worker's assignments
+    path = backend.store.layout.worker_assignments(worker.worker_id)
+    assert worker._watch_assignments(path)  # the worker's watch, armed after the leader's
+    # More jobs than the worker's capacity (2 runners + 8 prefetched): unless its
+    # finishes reach the leader, the leader stops assigning before the last ones, for
+    # longer than this wait (its full read comes every 30 s).
+    _run_jobs(worker, timeout=15)
