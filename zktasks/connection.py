@@ -55,7 +55,13 @@ from kazoo.protocol.connection import (
     ConnectionHandler,
 )
 from kazoo.protocol.serialization import Auth, Watch, int_struct, write_string
-from kazoo.protocol.states import EVENT_TYPE_MAP, Callback, KeeperState, WatchedEvent
+from kazoo.protocol.states import (
+    EVENT_TYPE_MAP,
+    Callback,
+    EventType,
+    KeeperState,
+    WatchedEvent,
+)
 
 CONNECT_ATTEMPT_MIN = 1.0  # seconds: the floor of one attempt's wait for an answer
 
@@ -262,6 +268,16 @@ def add_persistent_watch(client, path: str, func, timeout: float | None = None) 
         if added:
             _register(client, full, func, add=False)
         raise
+    # ZooKeeper before 3.9 keeps one watch mode per connection and path (ZOOKEEPER-4466):
+    # this addWatch turned any one-shot child watch this connection had on `path` (the
+    # leader's, when a worker and the leader share a client) into a recursive one, which
+    # is never told of child changes. Seen after reconnections, where the two re-arm in
+    # either order: the leader missed a worker's finishes and assigned it nothing until
+    # its 30 s full read. Those watches get their event now, as if the children had
+    # changed (events are hints): their owners list again and arm them back.
+    event = WatchedEvent(EventType.CHILD, client._state, path)
+    for watcher in client._child_watchers.pop(full, ()):
+        client.handler.dispatch_callback(Callback("watch", watcher, (event,)))
     return True
 
 
@@ -270,7 +286,8 @@ def remove_persistent_watch(client, path: str, func) -> None:
     the server is asked to forget the watch too (not waited for: it goes with the
     connection anyway), so that it stops sending what nobody reads. ZooKeeper 3.8 can
     only be asked to forget every watch of this connection on `path`: a one-shot watch
-    on `path` itself goes too (the worker sets none there)."""
+    on `path` itself goes too (the worker removes its watch only from the assignments
+    of an identity it has left, which the leader no longer watches once it re-reads)."""
     full = _server_path(client, path)
     if not _register(client, full, func, add=False):
         return

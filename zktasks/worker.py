@@ -461,15 +461,6 @@ class Worker:
             self._persistent = None
         armed = self.store.watch_persistently(path, self._on_assignment_change)
         self._persistent = path if armed else None
-        if armed and self.leader is not None:
-            # ZooKeeper before 3.9 keeps one watch mode per connection and path
-            # (ZOOKEEPER-4466): this addWatch turned the child watch that the leader in
-            # this process (same client, same connection) keeps on the same path into a
-            # recursive one, which is never told of child changes. The leader then
-            # missed our finishes and stopped assigning to us until its 30 s full read
-            # (seen after reconnections, when the two re-arm in either order). Its
-            # re-list sets the child watch back; our watch keeps its own mode.
-            self.leader.mark(f"a:{self.worker_id}")
         return armed
 
     def _assignment_changes(self, path: str) -> tuple[set[str], set[str] | None] | None:

@@ -293,6 +293,40 @@ def test_removing_the_last_function_asks_the_server_to_forget_the_watch(eager_cl
         remove_again(parent)
 
 
+def test_a_one_shot_child_watch_on_the_same_path_is_told_to_arm_again(eager_client, zk_root):
+    """ZooKeeper before 3.9 keeps one watch mode per connection and path (ZOOKEEPER-4466):
+    an addWatch after a one-shot child watch on the same path makes that watch recursive,
+    and it is never told of a child change. add_persistent_watch hands such watches
+    their event at once; armed again by their owner, they hear child changes again."""
+    from kazoo.protocol.states import EventType
+
+    from zktasks.connection import add_persistent_watch, remove_persistent_watch
+
+    path = f"{zk_root}/shared"
+    eager_client.ensure_path(path)
+    first, again = threading.Event(), threading.Event()
+    seen = []
+
+    def one_shot(event):
+        seen.append(event)
+        first.set()
+
+    eager_client.get_children(path, watch=one_shot)
+    persistent, take, _ = _collect()
+    assert add_persistent_watch(eager_client, path, persistent) is True
+    try:
+        assert first.wait(10), "the one-shot child watch was not told to arm again"
+        assert seen[0].type == EventType.CHILD and seen[0].path == path
+        # Armed again after the addWatch (as its owner does): a child change reaches it,
+        # and the persistent watch still names the new child.
+        eager_client.get_children(path, watch=lambda event: again.set())
+        eager_client.create(f"{path}/child")
+        assert again.wait(10), "the re-armed child watch missed a child change"
+        assert take(1) == [(EventType.CREATED, f"{path}/child")]
+    finally:
+        remove_persistent_watch(eager_client, path, persistent)
+
+
 # -- requests sent by the thread that makes them (send_now) ------------------------------
 
 
