@@ -138,7 +138,8 @@ def test_arming_the_watch_again_keeps_the_leaders_child_watch_in_the_same_proces
     recursive one. Armed in that order (after a reconnection they re-arm in either
     order), the worker's addWatch turned the leader's watch recursive: the leader was
     told of none of the worker's finishes, took it for full, and assigned it nothing
-    until its 30 s full read. The worker now has the leader re-list after arming."""
+    until its 30 s full read. add_persistent_watch now hands such a watch its event, and
+    the leader lists again."""
     worker = start_worker()
     _run_jobs(worker)  # by now the leader has a child watch on this worker's assignments
     path = backend.store.layout.worker_assignments(worker.worker_id)
