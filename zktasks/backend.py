@@ -615,19 +615,26 @@ class ZooKeeperBackend(BaseTaskBackend):
 
     def _drain_worker(self, store: Store, worker_id: str) -> bool:
         path = store.layout.worker(worker_id)
-        try:
-            raw, stat = store.retry(store.client.get, path)
-        except NoNodeError:
-            return False
-        data = records.loads(raw, path=path)
-        if data.get("draining"):
+        # The worker writes its znode too (its prefetch, worker.py): a version that
+        # moved meanwhile means read it again, not "no such worker".
+        for _ in range(5):
+            try:
+                raw, stat = store.retry(store.client.get, path)
+            except NoNodeError:
+                return False
+            data = records.loads(raw, path=path)
+            if data.get("draining"):
+                return True
+            data["draining"] = True
+            try:
+                store.retry(store.client.set, path, records.dumps(data),
+                            version=stat.version)
+            except NoNodeError:
+                return False
+            except BadVersionError:
+                continue
             return True
-        data["draining"] = True
-        try:
-            store.retry(store.client.set, path, records.dumps(data), version=stat.version)
-        except (NoNodeError, BadVersionError):
-            return False
-        return True
+        return False
 
 
 def purge_before_ms(older_than: timedelta | None) -> int:

@@ -32,7 +32,13 @@ from datetime import timedelta
 
 from django.tasks import task_backends
 from django.tasks.signals import task_finished, task_started
-from kazoo.exceptions import ConnectionLoss, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+)
 from kazoo.protocol.states import EventType, KazooState
 
 from . import deadletter, envelope, records, serialization
@@ -47,6 +53,7 @@ from .exceptions import (
 from .executor import BATCH_MAX, Execution, Outcome, make_runner
 from .handler import inline_watch
 from .leader import Leader
+from .prefetch import Prefetch
 from .records import ErrorRecord, StatusRecord
 from .store import TRANSIENT, Store, Versioned, failures
 
@@ -118,12 +125,12 @@ class Worker:
         self.options = self.backend.conf
         self.queues = sorted(set(queues or []))
         self.concurrency = max(1, int(concurrency))
-        # As Celery's default (4 per process of its pool): under a backlog the leader
-        # then hands out jobs in batches, and a runner never waits for the leader's next
-        # assignment. A job prefetched behind long ones waits for a free runner here:
-        # for long jobs, pass 0 or 1 (runworker --prefetch).
-        self.prefetch = (4 * self.concurrency if prefetch is None
-                         else max(0, int(prefetch)))
+        # 4 per runner as Celery's default, 16 while jobs are short (prefetch.py): under
+        # a backlog the leader then hands out jobs in batches, and a runner never waits
+        # for the leader's next assignment. A job prefetched behind long ones waits for a
+        # free runner here: for long jobs, pass 0 or 1 (runworker --prefetch).
+        self._prefetch = Prefetch(self.concurrency, prefetch)
+        self._prefetch_posted = False  # a "prefetch" event is on its way to the main loop
         self.pool_name = pool
         self.base_name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.lead = lead
@@ -288,6 +295,38 @@ class Worker:
         except Exception:
             logger.debug("deregistration failed", exc_info=True)
 
+    @property
+    def prefetch(self) -> int:
+        """Jobs this worker asks to hold beyond the ones it runs (prefetch.py)."""
+        return self._prefetch.current
+
+    def _advertise_prefetch(self) -> None:
+        """Write a changed prefetch into our worker znode; the leader's watch on it
+        reads it. On the main loop, as _begin_drain's write to the same znode."""
+        self._prefetch_posted = False
+        now = time.monotonic()
+        value = self._prefetch.wanted(self._run_avg, now)
+        if value is None or self._lost or self._draining:
+            return
+        path = self.store.layout.worker(self.worker_id)
+        for _ in range(3):
+            raw, stat = self.client.get(path)
+            data = json.loads(raw)
+            if data.get("draining"):
+                return  # the drain request is read through our own watch
+            data["prefetch"] = value
+            try:
+                self.client.set(path, records.dumps(data), version=stat.version)
+            except BadVersionError:
+                continue  # written meanwhile (a drain request): read it again
+            except NoNodeError:
+                return  # our session is gone: _register writes the current value
+            before = self._prefetch.current
+            self._prefetch.advertised(value, now)
+            logger.info("prefetch %d -> %d worker=%s (jobs average %.1f ms)", before, value,
+                        self.worker_id, (self._run_avg or 0) * 1000)
+            return
+
     # -- leader ------------------------------------------------------------------------
 
     def _lead(self, stop: threading.Event) -> None:
@@ -404,6 +443,8 @@ class Worker:
             self._read_own_znode()
         elif kind == "cancels" and not self._lost:
             self._read_cancels()
+        elif kind == "prefetch" and not self._lost and not self._paused:
+            self._advertise_prefetch()
         elif kind == "finished":
             pass
         if drain_deadline is not None:
@@ -817,7 +858,11 @@ class Worker:
         job_id, worker_id = item.job_id, item.worker_id
         running, call = run.running, run.call
         average = self._run_avg  # runners race here: an approximate average is enough
-        self._run_avg = took if average is None else 0.8 * average + 0.2 * took
+        self._run_avg = average = took if average is None else 0.8 * average + 0.2 * took
+        if (not self._prefetch_posted
+                and self._prefetch.wanted(average, time.monotonic()) is not None):
+            self._prefetch_posted = True
+            self._events.put(("prefetch", None))
         if not outcome.ok and outcome.retry_delay is None and outcome.error.exception_class_path \
                 in ("zktasks.exceptions.TaskTimeout", "zktasks.exceptions.TaskProcessDied"):
             # The task process could not decide (killed or gone): decide here.

@@ -13,6 +13,7 @@ from zktasks import store as store_module
 from zktasks.store import Store
 
 JOBS = 12  # more than a worker's capacity (2 runners + 8 prefetched): finishes must be seen
+PREFETCH = 8  # fixed: short jobs would raise the default to 32 (prefetch.py), past JOBS
 
 
 def _count_listings(monkeypatch, thread_name: str) -> list[str]:
@@ -71,7 +72,7 @@ def _run_jobs(worker, timeout=30):
 
 def test_a_worker_lists_its_assignments_once_and_follows_the_watch(
         backend, start_worker, assignment_lists, connections):
-    worker = start_worker()
+    worker = start_worker(prefetch=PREFETCH)
     _run_jobs(worker)
     assert worker._persistent == backend.store.layout.worker_assignments(worker.worker_id)
     # At registration only (and once more per reconnection, if the machine caused one).
@@ -81,7 +82,7 @@ def test_a_worker_lists_its_assignments_once_and_follows_the_watch(
 def test_without_persistent_watches_a_worker_lists_them_on_every_change(
         backend, start_worker, assignment_lists, monkeypatch):
     monkeypatch.setattr(store_module, "add_persistent_watch", lambda *args, **kw: False)
-    worker = start_worker()
+    worker = start_worker(prefetch=PREFETCH)
     _run_jobs(worker)
     assert worker._persistent is None
     assert assignment_lists.count(worker.worker_id) > JOBS  # an assignment and a finish
@@ -94,7 +95,7 @@ def test_after_a_reconnection_the_watch_is_armed_again(backend, start_worker,
     from kazoo.protocol.connection import _CONNECTION_DROP  # kazoo's own test hook
     from kazoo.protocol.states import KazooState
 
-    worker = start_worker()
+    worker = start_worker(prefetch=PREFETCH)
     _run_jobs(worker)
     resumed = threading.Event()
     session = worker.client.client_id
@@ -121,7 +122,7 @@ def test_a_job_retried_at_once_to_the_same_worker_is_run_again(backend, start_wo
     a new assignment, which it must not skip. (Should it come back before the worker
     has forgotten the job, worker._reassigned reads it then; that window is too narrow
     for this test to hit reliably.)"""
-    worker = start_worker()
+    worker = start_worker(prefetch=PREFETCH)
     for _ in range(5):
         # Under RELIST_EVERY: a lost event would show as a time-out, not a slow pass.
         result = tasks.flaky.submit(succeed_on=3).wait(timeout=20)
@@ -140,7 +141,7 @@ def test_arming_the_watch_again_keeps_the_leaders_child_watch_in_the_same_proces
     told of none of the worker's finishes, took it for full, and assigned it nothing
     until its 30 s full read. add_persistent_watch now hands such a watch its event, and
     the leader lists again."""
-    worker = start_worker()
+    worker = start_worker(prefetch=PREFETCH)
     _run_jobs(worker)  # by now the leader has a child watch on this worker's assignments
     path = backend.store.layout.worker_assignments(worker.worker_id)
     assert worker._watch_assignments(path)  # the worker's watch, armed after the leader's
