@@ -75,3 +75,28 @@ def test_a_drain_request_racing_a_write_of_the_worker_znode_is_not_lost(
     assert raced, "the znode was not rewritten between the read and the write"
     monkeypatch.undo()
     assert worker.wait_stopped(30)
+
+
+def test_the_workers_prefetch_write_never_undoes_a_drain_request(
+        backend, start_worker, zk_client, monkeypatch):
+    """A drain request lands between the worker's read of its znode and its write of the
+    new prefetch: the write fails on the version, and the worker leaves the request
+    as it is and drains."""
+    worker = start_worker(concurrency=2)
+    path = backend.store.layout.worker(worker.worker_id)
+    real_set = worker.client.set
+    raced = []
+
+    def drain_then_set(target, value, version=-1):
+        if target == path and not raced and json.loads(value).get("prefetch") == 32:
+            data = json.loads(zk_client.get(path)[0])
+            raced.append(zk_client.set(path, json.dumps({**data, "draining": True}).encode()))
+        return real_set(target, value, version=version)
+
+    monkeypatch.setattr(worker.client, "set", drain_then_set)
+    for i in range(10):  # the worker drains part way: some are handed back, unrun
+        tasks.add.submit(i, i)
+    # Overwritten, the request would be lost: the worker reads its znode (on its own
+    # watch) only after its write, on the same thread.
+    assert worker.wait_stopped(30), "the drain request was lost"
+    assert raced, "the worker never wrote a new prefetch"
