@@ -303,19 +303,21 @@ class Worker:
     def _advertise_prefetch(self) -> None:
         """Write a changed prefetch into our worker znode; the leader's watch on it
         reads it. On the main loop, as _begin_drain's write to the same znode."""
-        self._prefetch_posted = False
+        self._prefetch_posted = False  # first: the next finished job may post again
+        if self._lost or self._paused or self._draining:
+            return  # the next finished job asks again
         now = time.monotonic()
         value = self._prefetch.wanted(self._run_avg, now)
-        if value is None or self._lost or self._draining:
+        if value is None:
             return
         path = self.store.layout.worker(self.worker_id)
         for _ in range(3):
-            raw, stat = self.client.get(path)
-            data = json.loads(raw)
-            if data.get("draining"):
-                return  # the drain request is read through our own watch
-            data["prefetch"] = value
             try:
+                raw, stat = self.client.get(path)
+                data = json.loads(raw)
+                if data.get("draining"):
+                    return  # the drain request is read through our own watch
+                data["prefetch"] = value
                 self.client.set(path, records.dumps(data), version=stat.version)
             except BadVersionError:
                 continue  # written meanwhile (a drain request): read it again
@@ -443,7 +445,7 @@ class Worker:
             self._read_own_znode()
         elif kind == "cancels" and not self._lost:
             self._read_cancels()
-        elif kind == "prefetch" and not self._lost and not self._paused:
+        elif kind == "prefetch":
             self._advertise_prefetch()
         elif kind == "finished":
             pass
