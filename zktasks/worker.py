@@ -273,8 +273,10 @@ class Worker:
         self._events.put(("own", None))
         self._events.put(("cancels", None))
         self.registered.set()
-        logger.info("worker registered worker=%s queues=%s concurrency=%d pool=%s",
-                    worker_id, ",".join(self.queues) or "*", self.concurrency, self.pool_name)
+        logger.info("worker registered worker=%s queues=%s concurrency=%d pool=%s "
+                    "prefetch=%d%s", worker_id, ",".join(self.queues) or "*",
+                    self.concurrency, self.pool_name, self.prefetch,
+                    "" if self._prefetch.fixed else " (follows the jobs)")
 
     def _deregister(self) -> None:
         if self.worker_id is None or self._lost:

@@ -74,6 +74,8 @@ def test_sigterm_drains_running_job_then_exits_cleanly(backend, runworker, zk_cl
     assert zk_client.get_children(backend.store.layout.assignments) == []
     log = proc.log_path.read_text()
     assert "draining" in log and "worker stopped" in log
+    # --concurrency 1 and no --prefetch: 4 per runner, following the jobs from there.
+    assert "prefetch=4 (follows the jobs)" in log
 
 
 def test_process_pool_contains_crashes_and_timeouts(backend, runworker, zk_client):
