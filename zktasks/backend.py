@@ -19,7 +19,7 @@ from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.inspect import get_func_args
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NodeExistsError
 
 from . import envelope, records, serialization
 from .client import get_client
@@ -37,7 +37,7 @@ from .exceptions import (
 from .handler import inline_watch
 from .pipeline import current as pipeline_of
 from .records import StatusRecord
-from .store import Store, failures
+from .store import Store, failures, mark_draining
 from .task import ZkTask, ZkTaskResult
 from .tree import BUCKET_MS, QUEUE_RE, delayed_node_name, is_job_id, job_node_name
 
@@ -614,27 +614,8 @@ class ZooKeeperBackend(BaseTaskBackend):
             "Ask again once the ensemble answers (asking twice is harmless).")
 
     def _drain_worker(self, store: Store, worker_id: str) -> bool:
-        path = store.layout.worker(worker_id)
-        # The worker writes its znode too (its prefetch, worker.py): a version that
-        # moved meanwhile means read it again, not "no such worker".
-        for _ in range(5):
-            try:
-                raw, stat = store.retry(store.client.get, path)
-            except NoNodeError:
-                return False
-            data = records.loads(raw, path=path)
-            if data.get("draining"):
-                return True
-            data["draining"] = True
-            try:
-                store.retry(store.client.set, path, records.dumps(data),
-                            version=stat.version)
-            except NoNodeError:
-                return False
-            except BadVersionError:
-                continue
-            return True
-        return False
+        data = store.update_worker(worker_id, mark_draining)
+        return bool(data and data.get("draining"))
 
 
 def purge_before_ms(older_than: timedelta | None) -> int:

@@ -14,7 +14,7 @@ So the default follows the jobs (`runworker --prefetch N` fixes it instead):
   16 x 5-10 ms = 0.1 s of work per runner, and the worker needs a quarter of the
   ZooKeeper requests per job. Measured (bench/README, "Prefetch that follows the jobs"):
   draining a backlog of no-op jobs with task processes went from about 900 to 1,200-1,300
-  jobs/s, and the pipelined row from about 1,000 to 1,400-1,600.
+  jobs/s, and the pipelined row from about 1,000 to 1,400-1,500.
 
 The two thresholds keep a workload near the boundary from switching back and forth, and
 a change is advertised at most once per HOLD_S: each one is a write to the worker znode

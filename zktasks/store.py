@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kazoo.exceptions import (
+    BadVersionError,
     ConnectionLoss,
     NodeExistsError,
     NoNodeError,
@@ -768,6 +769,36 @@ class Store:
             return 0
         return sum(self._delete_entries(fence, leaf, [e]) for e in entries)
 
+    def update_worker(self, worker_id: str, change: Callable[[dict], bool],
+                      tries: int = 5) -> dict | None:
+        """Read, change and write back a worker znode's JSON; return it as it now is, or
+        None if the znode is gone (or kept moving for `tries` reads).
+
+        `change(data)` edits the dict in place and returns False to leave it as it is.
+        Two writers share the znode (the worker: its prefetch and its drain mark; the
+        dashboard and the shell: a drain request), so the write is versioned, and a
+        version that moved meanwhile means read again. A write retried after a
+        connection loss that had in fact landed meets BadVersion the same way: `change`
+        then finds its edit already made and returns False.
+        """
+        path = self.layout.worker(worker_id)
+        for _ in range(tries):
+            try:
+                raw, stat = self.retry(self.client.get, path)
+            except NoNodeError:
+                return None
+            data = records.loads(raw, path=path)
+            if not change(data):
+                return data
+            try:
+                self.retry(self.client.set, path, records.dumps(data), version=stat.version)
+            except NoNodeError:
+                return None
+            except BadVersionError:
+                continue
+            return data
+        return None
+
     def drop_assignment(self, worker_id: str, job_id: str) -> None:
         try:
             self.retry(self.client.delete, self.layout.assignment(worker_id, job_id))
@@ -977,6 +1008,13 @@ class _Bound:
     seconds: float   # the bound, for messages
     hosts: str
 
+
+def mark_draining(data: dict) -> bool:
+    """A change for Store.update_worker: the worker is draining (written once)."""
+    if data.get("draining"):
+        return False
+    data["draining"] = True
+    return True
 
 class _BoundedClient:
     """A KazooClient whose reads, writes and multis wait for an answer until a deadline.

@@ -32,13 +32,7 @@ from datetime import timedelta
 
 from django.tasks import task_backends
 from django.tasks.signals import task_finished, task_started
-from kazoo.exceptions import (
-    BadVersionError,
-    ConnectionLoss,
-    KazooException,
-    NodeExistsError,
-    NoNodeError,
-)
+from kazoo.exceptions import ConnectionLoss, KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import EventType, KazooState
 
 from . import deadletter, envelope, records, serialization
@@ -55,7 +49,7 @@ from .handler import inline_watch
 from .leader import Leader
 from .prefetch import Prefetch
 from .records import ErrorRecord, StatusRecord
-from .store import TRANSIENT, Store, Versioned, failures
+from .store import TRANSIENT, Store, Versioned, failures, mark_draining
 
 logger = logging.getLogger(__name__)
 
@@ -312,24 +306,21 @@ class Worker:
         value = self._prefetch.wanted(self._run_avg, now)
         if value is None:
             return
-        path = self.store.layout.worker(self.worker_id)
-        for _ in range(3):
-            try:
-                raw, stat = self.client.get(path)
-                data = json.loads(raw)
-                if data.get("draining"):
-                    return  # the drain request is read through our own watch
-                data["prefetch"] = value
-                self.client.set(path, records.dumps(data), version=stat.version)
-            except BadVersionError:
-                continue  # written meanwhile (a drain request): read it again
-            except NoNodeError:
-                return  # our session is gone: _register writes the current value
-            before = self._prefetch.current
-            self._prefetch.advertised(value, now)
-            logger.info("prefetch %d -> %d worker=%s (jobs average %.1f ms)", before, value,
-                        self.worker_id, (self._run_avg or 0) * 1000)
-            return
+
+        def change(data: dict) -> bool:
+            # Never over a drain request: that one is read through our own watch.
+            if data.get("draining") or data.get("prefetch") == value:
+                return False
+            data["prefetch"] = value
+            return True
+
+        data = self.store.update_worker(self.worker_id, change)
+        if data is None or data.get("prefetch") != value:
+            return  # gone (_register writes the current value), or draining
+        before = self._prefetch.current
+        self._prefetch.advertised(value, now)
+        logger.info("prefetch %d -> %d worker=%s (jobs average %.1f ms)", before, value,
+                    self.worker_id, (self._run_avg or 0) * 1000)
 
     # -- leader ------------------------------------------------------------------------
 
@@ -637,13 +628,8 @@ class Worker:
         """Stop taking work, tell the leader, hand back what has not started."""
         self._draining = True
         logger.info("worker draining worker=%s running=%d", self.worker_id, len(self._running))
-        layout = self.store.layout
         try:
-            raw, stat = self.client.get(layout.worker(self.worker_id))
-            data = json.loads(raw)
-            data["draining"] = True
-            self.client.set(layout.worker(self.worker_id), records.dumps(data),
-                            version=stat.version)
+            self.store.update_worker(self.worker_id, mark_draining)
         except Exception:
             logger.debug("could not mark draining", exc_info=True)
         if self.leader is not None:
