@@ -78,9 +78,9 @@ def runworker(zk_settings, tmp_path):
     """Start `manage.py runworker` subprocesses with the test's settings."""
     procs = []
 
-    def start(*args, name=None):
+    def start(*args, name=None, settings="tests.settings"):
         env = dict(os.environ)
-        env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+        env["DJANGO_SETTINGS_MODULE"] = settings
         env.setdefault("ZKTASKS_LOG_LEVEL", "INFO")
         log = tmp_path / f"worker-{len(procs)}.log"
         cmd = [sys.executable, "-m", "django", "runworker", "-v", "2", *args]

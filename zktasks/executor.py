@@ -13,9 +13,11 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from inspect import iscoroutinefunction
+from multiprocessing import connection as mp_connection
 
 from .exceptions import JobCancelled, TaskProcessDied, TaskTimeout
 from .records import ErrorRecord
@@ -142,6 +144,9 @@ class ThreadRunner:
 
     def start(self) -> None:
         pass
+
+    def wait_ready(self, abort: threading.Event | None = None) -> bool:
+        return True
 
     def run(self, execution: Execution) -> Outcome:
         return execute(execution)
@@ -282,6 +287,10 @@ class _Slot:
                          READY_TIMEOUT)
             self.kill()
             raise EOFError("the task process did not set up")
+        self.check_ready(conn)
+
+    def check_ready(self, conn) -> None:
+        """Read a new task process's first message, which must say it is set up."""
         message = conn.recv()  # EOFError if it died setting up
         if message != _READY:
             raise RuntimeError(f"A task process's first message was {message!r}, "
@@ -423,9 +432,50 @@ class ProcessRunner:
         self._early_cancels: dict[str, bool] = {}
 
     def start(self) -> None:
+        """Start every task process, without waiting for them to set up (wait_ready:
+        a run handed over before that waits for its process)."""
         for slot in self.slots:
             slot.ensure()
             self.free.put(slot)
+
+    def wait_ready(self, abort: threading.Event | None = None) -> bool:
+        """Wait until every task process has set up Django; False if `abort` was set
+        first. A worker registers only after this, so that it is not handed jobs it
+        cannot start for the seconds a setup takes (3 s seen on a loaded 2-CPU VM), and
+        a task process that cannot set up at all (settings that fail to import in a fresh
+        interpreter, say) stops the worker with its reason instead of failing every job
+        it is given. Raises TaskProcessDied then, with the task processes stopped."""
+        waiting = {slot.conn: slot for slot in self.slots if not slot.ready}
+        deadline = time.monotonic() + READY_TIMEOUT
+        while waiting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.stop(force=True)
+                raise TaskProcessDied(
+                    f"A task process did not set up Django within {READY_TIMEOUT:g}s; "
+                    "runworker stopped. Something in the settings or an app's ready() "
+                    "blocks in a fresh interpreter; run `python -c 'import django; "
+                    "django.setup()'` with the same settings to see where, or run jobs "
+                    "in the worker itself with --pool thread.")
+            if abort is not None and abort.is_set():
+                return False
+            # In slices only to notice `abort` (a signal during startup): the wait ends
+            # as soon as a task process speaks.
+            for conn in mp_connection.wait(list(waiting), min(remaining, 0.5)):
+                slot = waiting.pop(conn)
+                try:
+                    slot.check_ready(conn)
+                except (EOFError, OSError, RuntimeError) as exc:
+                    code = slot._reap()
+                    self.stop(force=True)
+                    raise TaskProcessDied(
+                        f"A task process exited with {_describe_exit(code)} while it set "
+                        "up Django, before running any job; runworker stopped. Its "
+                        "traceback is above. Each task process is a fresh interpreter "
+                        "that imports the settings and calls django.setup(): fix what "
+                        "fails there, or run jobs in the worker itself with --pool "
+                        "thread.") from exc
+        return True
 
     def run(self, execution: Execution) -> Outcome:
         slot = self.free.get()

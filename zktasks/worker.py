@@ -149,6 +149,7 @@ class Worker:
         self._paused = False
         self._draining = False
         self._stopping = threading.Event()
+        self._stop_requested = threading.Event()  # stop() was called (seen at startup)
         self._stopped = threading.Event()
         self._session: int | None = None
         self._lost = False
@@ -175,14 +176,33 @@ class Worker:
 
     def run(self) -> None:
         """Serve until stop() is called; return after a clean exit."""
-        self.client = start(new_client(self.options), self.options)
+        # Task processes set up Django (seconds) while we connect; we register only once
+        # they can run jobs (ProcessRunner.wait_ready).
+        began = time.monotonic()
+        self.runner.start()
+        try:
+            self.client = start(new_client(self.options), self.options)
+        except BaseException:
+            self.runner.stop(force=True)
+            raise
         self.store = Store(self.client, self.options)
         self.committer = Committer(self.store, on_idle=lambda: self._wake_if_draining(None))
         self.committer.start()
-        self.store.ensure_skeleton()
-        for q in self.queues or ["default"]:
-            self.store.ensure_queue(q)
-        self.runner.start()
+        try:
+            self.store.ensure_skeleton()
+            for q in self.queues or ["default"]:
+                self.store.ensure_queue(q)
+            ready = self.runner.wait_ready(abort=self._stop_requested)
+        except BaseException:
+            self._close_unregistered()
+            raise
+        if not ready:
+            logger.info("stopped while the task processes set up; never registered")
+            self._close_unregistered()
+            return
+        if self.pool_name == "process":
+            logger.info("task processes ready count=%d took=%.1fs", self.concurrency,
+                        time.monotonic() - began)
         self.client.add_listener(self._on_state)
         self._register()
         threads = [threading.Thread(target=self._runner_loop, name=f"zktasks-run-{i}",
@@ -219,8 +239,17 @@ class Worker:
             self._stopped.set()
             logger.info("worker stopped worker=%s completed=%d", self.worker_id, self.completed)
 
+    def _close_unregistered(self) -> None:
+        """Undo what run() set up before registering."""
+        self.committer.close(timeout=5.0)
+        self.runner.stop(force=True)
+        self.client.stop()
+        self.client.close()
+        self._stopped.set()
+
     def stop(self, *, graceful: bool = True) -> None:
         """Ask the worker to leave: drain first when graceful, else at once."""
+        self._stop_requested.set()
         if graceful and not self._draining:
             self._events.put(("drain", None))
         else:

@@ -76,6 +76,20 @@ def test_sigterm_drains_running_job_then_exits_cleanly(backend, runworker, zk_cl
     assert "draining" in log and "worker stopped" in log
     # --concurrency 1 and no --prefetch: 4 per runner, following the jobs from there.
     assert "prefetch=4 (follows the jobs)" in log
+    # Registered once its task process could run jobs, not before.
+    assert log.index("task processes ready count=1") < log.index("worker registered")
+
+
+def test_runworker_whose_task_processes_cannot_set_up_stops_and_says_why(
+        backend, runworker, zk_client):
+    proc = runworker("--concurrency", "2", "--pool", "process", name="broken",
+                     settings="tests.broken_task_process_settings")
+    assert proc.wait(60) == 1
+    log = proc.log_path.read_text()
+    assert "cannot be imported in a task process (on purpose)" in log  # its traceback
+    assert "exited with exit code 1 while it set up Django" in log
+    assert "--pool thread" in log
+    assert "worker registered" not in log  # never offered itself for jobs
 
 
 def test_process_pool_contains_crashes_and_timeouts(backend, runworker, zk_client):

@@ -12,6 +12,7 @@ import pytest
 from tests import tasks
 from tests.waiting import wait_until
 from zktasks import serialization
+from zktasks.exceptions import TaskProcessDied
 from zktasks.executor import Execution, ProcessRunner
 
 DIED = "zktasks.exceptions.TaskProcessDied"
@@ -163,12 +164,39 @@ def test_a_forced_kill_that_lands_after_its_job_reported_reruns_the_next_one(run
 def test_a_runs_time_limit_starts_once_its_task_process_is_set_up(monkeypatch):
     """A new task process first sets up Django (3 s seen on a loaded VM). The run's hard
     limit (0.5 s + 1 s of grace here) is counted from the hand-off, so the worker waits
-    for the process to say it is ready: the job is not killed for the setup's time."""
+    for the process to say it is ready: the job is not killed for the setup's time. The
+    worker waits for its first processes before registering (wait_ready); this is the
+    one that replaces a process that died."""
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_settings")
     monkeypatch.setenv("SLOW_SETUP_SECONDS", "2.5")
     runner = ProcessRunner(1)
     runner.start()
     try:
+        assert runner.wait_ready()
+        runner.slots[0].kill()  # the next run starts a fresh (slow) process
         assert value(runner.run(execution(tasks.short_sleep, 0.1, timeout=0.5))) == 0.1
     finally:
         runner.stop()
+
+
+def test_a_task_process_that_cannot_set_up_stops_the_worker_with_its_reason(monkeypatch):
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.broken_task_process_settings")
+    runner = ProcessRunner(2)
+    runner.start()
+    with pytest.raises(TaskProcessDied, match=r"exited with exit code 1 while it set up "
+                                              r"Django.*--pool thread"):
+        runner.wait_ready()
+    assert all(slot.process is None for slot in runner.slots)  # none left running
+
+
+def test_waiting_for_task_processes_ends_when_the_worker_is_stopped(monkeypatch):
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_settings")
+    monkeypatch.setenv("SLOW_SETUP_SECONDS", "60")
+    runner = ProcessRunner(1)
+    runner.start()
+    abort = threading.Event()
+    try:
+        threading.Timer(0.5, abort.set).start()
+        assert runner.wait_ready(abort) is False
+    finally:
+        runner.stop(force=True)
