@@ -684,7 +684,9 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         for profiler in profilers:
             profiler.stop()
         finished = sorted(driver.wait(h, WAIT_TIMEOUT).finished for h in backlog)
-        # Skip the first tenth: it includes task processes finishing their startup.
+        # Skip the first tenth: the first assignment rounds and the workers warming up
+        # (a worker registers once its task processes are set up, 1de75e8; before, this
+        # tenth also held the end of their startup).
         skip = len(finished) // 10
         span = finished[-1] - finished[skip]
         row.drain_per_s = (len(finished) - 1 - skip) / span if span > 0 else float("nan")

@@ -61,7 +61,9 @@ def start_worker(zk_settings):
         worker = Worker(**kwargs)
         thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
         thread.start()
-        assert worker.registered.wait(15), "worker did not register"
+        # A process-pool worker registers once its task processes have set up Django
+        # (seconds on a loaded machine): the bound is for a worker that never does.
+        assert worker.registered.wait(60), "worker did not register"
         started.append((worker, thread))
         return worker
 
