@@ -1016,6 +1016,7 @@ def mark_draining(data: dict) -> bool:
     data["draining"] = True
     return True
 
+
 class _BoundedClient:
     """A KazooClient whose reads, writes and multis wait for an answer until a deadline.
 
