@@ -147,6 +147,14 @@ class Leader:
             self._release()
             return False
         self.fence = self.layout.election_node(self.lock.node)
+        # A LOST seen while we waited belongs to the session kazoo's Lock left behind (it
+        # makes a new node on the new session and goes on waiting): forget it before
+        # checking the fence on the session that holds it. kazoo delivers a LOST before
+        # any reply on the next session, so one that comes after this check is ours, and
+        # _lead() steps down for it. Without this, a contender whose session expired while
+        # it waited was elected and stepped down at once (bench/chaos.py saw it twice a
+        # run: "leader elected", "leadership lost", the next contender elected in 20 ms).
+        self.fence_lost = False
         if not self._own_fence():
             return False
         try:
@@ -212,7 +220,6 @@ class Leader:
     def run(self) -> None:
         """Contend and lead until stopped; contend again after losing leadership."""
         while not self.stop_event.is_set():
-            self.fence_lost = False
             try:
                 if not self.contend():
                     self._release()

@@ -1,6 +1,7 @@
 """Security and failure handling with in-process workers on a real ZooKeeper."""
 
 import json
+import threading
 
 from django.tasks import TaskResultStatus
 from django.tasks.signals import task_enqueued, task_finished, task_started
@@ -9,6 +10,7 @@ from kazoo.client import KazooClient
 from tests import tasks
 from tests.pending import pending_nodes
 from tests.waiting import wait_for_children, wait_until
+from zktasks.leader import Leader
 from zktasks.records import ErrorRecord, StatusRecord
 from zktasks.store import Store, failures
 
@@ -124,6 +126,16 @@ def test_leader_fails_over_when_its_worker_stops(backend, start_worker):
     assert tasks.add.submit(2, 2).wait(timeout=30).worker_ids == [second.worker_id]
 
 
+def _expire(zk_hosts, client):
+    """Expire `client`'s session on the server: a second handle with its id, closed."""
+    session_id, password = client.client_id
+    twin = KazooClient(hosts=zk_hosts, client_id=(session_id, password), timeout=4.0)
+    twin.start(timeout=10)
+    twin.stop()
+    twin.close()
+    return session_id
+
+
 def test_stale_leader_write_is_refused_by_its_fence(backend, zk_hosts, zk_client):
     """A leader whose session expired must not assign, even if its client reconnects."""
     tasks.add.submit(1, 2)
@@ -135,12 +147,7 @@ def test_stale_leader_write_is_refused_by_its_fence(backend, zk_hosts, zk_client
         lock = stale.Lock(layout.leader, identifier="stale")
         assert lock.acquire(timeout=10)
         fence = layout.election_node(lock.node)
-        # Expire its session on the server: a second handle with the same id, closed.
-        session_id, password = stale.client_id
-        twin = KazooClient(hosts=zk_hosts, client_id=(session_id, password), timeout=4.0)
-        twin.start(timeout=10)
-        twin.stop()
-        twin.close()
+        session_id = _expire(zk_hosts, stale)
         wait_until(lambda: zk_client.exists(fence) is None, 15, "the fence to vanish")
         wait_until(lambda: stale.connected and stale.client_id[0] != session_id, 20,
                    "the stale client to reconnect on a new session")
@@ -154,6 +161,55 @@ def test_stale_leader_write_is_refused_by_its_fence(backend, zk_hosts, zk_client
     finally:
         stale.stop()
         stale.close()
+
+
+def test_a_contender_whose_session_expired_while_it_waited_leads_once_elected(
+        backend, zk_hosts, zk_client):
+    """kazoo's Lock carries a waiting contender over to a new session after expiry. The
+    LOST it saw while waiting was the old session's: elected on the new one, it leads; it
+    does not step down at once (as bench/chaos.py found it doing) and hand over."""
+    layout = backend.store.layout
+    holder = KazooClient(hosts=zk_hosts, timeout=4.0)
+    waiting = KazooClient(hosts=zk_hosts, timeout=4.0)
+    holder.start(timeout=10)
+    waiting.start(timeout=10)
+    stop = threading.Event()
+    leader = Leader(Store(waiting, backend.conf), "waiter", stop=stop)
+    changes = []
+    leader.on_change = changes.append
+    waiting.add_listener(leader.on_state)  # as the worker forwards its state changes
+    thread = threading.Thread(target=leader.run, name="test-leader", daemon=True)
+    try:
+        lock = holder.Lock(layout.leader, identifier="holder")
+        assert lock.acquire(timeout=10)
+        thread.start()
+        [first] = [c for c in wait_for_children(zk_client, layout.leader, lambda c: len(c) == 2)
+                   if c != lock.node]
+        old_session = _expire(zk_hosts, waiting)
+        # The Lock recipe puts a new node in the queue on the new session.
+        wait_for_children(zk_client, layout.leader, lambda c: len(c) == 2 and first not in c,
+                          timeout=20)
+        assert waiting.client_id[0] != old_session
+        assert leader.fence_lost  # the old session's LOST reached the waiting contender
+        # A registered worker and a pending job: once the job is assigned, the leader
+        # has gone past the point where it stepped down.
+        zk_client.create(layout.worker_assignments("ghost"), b"", makepath=True)
+        zk_client.create(layout.worker("ghost"), json.dumps(
+            {"queues": ["default"], "concurrency": 1, "prefetch": 0}).encode(), ephemeral=True,
+            makepath=True)
+        job = tasks.add.submit(1, 2)
+        lock.release()
+        wait_for_children(zk_client, layout.worker_assignments("ghost"),
+                          lambda c: c == [job.id])
+        assert changes == [True]
+        assert leader.is_leader and not leader.fence_lost
+    finally:
+        leader.cancel()
+        thread.join(15)
+        for client in (holder, waiting):
+            client.stop()
+            client.close()
+    assert not thread.is_alive()
 
 
 def _ghost_takes_and_dies(backend, zk_client, job, *, seed_losses=0):
