@@ -1,10 +1,11 @@
 """Chaos harness: run jobs with recorded side effects while killing things, then check.
 
     .venv/bin/python bench/chaos.py [--duration S] [--jobs N] [--seed N] [--ensemble 3]
-                                    [--json PATH] [--keep]
+                                    [--pool process|thread] [--json PATH] [--keep]
 
 Starts a ZooKeeper ensemble (3 members by default; --ensemble 1 for a single server) and
-3 `runworker --pool process` processes (session timeout 3 s), all on a fresh root. For
+3 `runworker --pool process` processes (session timeout 3 s; `--pool thread` runs the
+jobs on threads of the worker instead), all on a fresh root. For
 --duration seconds it submits --jobs jobs of bench.chaos_tasks.record_side_effect (each
 appends an fsync'd line per run to one file) and, at random times drawn from --seed:
 
@@ -104,11 +105,11 @@ class WorkerProc:
     """One `runworker` process in its own process group, logging to its own file."""
 
     def __init__(self, name: str, env: dict, log_dir: Path, concurrency: int,
-                 extra_args: tuple[str, ...] = ()):
+                 extra_args: tuple[str, ...] = (), pool: str = "process"):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
-        cmd = [sys.executable, "-m", "django", "runworker", "--pool", "process",
+        cmd = [sys.executable, "-m", "django", "runworker", "--pool", pool,
                "--concurrency", str(concurrency), "--name", name, "-v", "2",
                "--traceback", *extra_args]
         self.popen = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
@@ -507,7 +508,7 @@ class Chaos:
     def start_worker(self) -> WorkerProc:
         self._next_index += 1
         proc = WorkerProc(f"chaos-w{self._next_index}", self.env, self.log_dir,
-                          self.args.concurrency)
+                          self.args.concurrency, pool=self.args.pool)
         self.procs.append(proc)
         return proc
 
@@ -1246,7 +1247,8 @@ def report(result: dict, args, seed: int, elapsed: float) -> str:
     s = result["summary"]
     out = [f"chaos: seed {seed}, {args.duration:g}s of faults, {s['jobs_planned']} jobs, "
            f"{'ensemble of ' + str(args.ensemble) if args.ensemble > 1 else 'one ZooKeeper'}, "
-           f"{args.workers} workers x {args.concurrency} task processes, session timeout "
+           f"{args.workers} workers x {args.concurrency} "
+           f"{'task processes' if args.pool == 'process' else 'threads'}, session timeout "
            f"{args.session_timeout:g}s; {elapsed:.0f}s in all", ""]
     rows = [
         ["jobs submitted", s["jobs_submitted"]],
@@ -1389,7 +1391,9 @@ def parse_args(argv=None):
                         help="ZooKeeper members (default 3)")
     parser.add_argument("--workers", type=int, default=3, help="runworker processes")
     parser.add_argument("--concurrency", type=int, default=2,
-                        help="task processes per worker (default 2)")
+                        help="task processes (or threads) per worker (default 2)")
+    parser.add_argument("--pool", choices=["process", "thread"], default="process",
+                        help="runworker --pool (default process)")
     parser.add_argument("--session-timeout", type=float, default=3.0,
                         help="zktasks SESSION_TIMEOUT in seconds (default 3)")
     parser.add_argument("--gap", type=lambda v: tuple(float(x) for x in v.split(",")),
