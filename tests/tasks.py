@@ -164,3 +164,23 @@ def exclusive(marker_dir, seconds):
     time.sleep(seconds)
     held.unlink()
     return True
+
+
+@zk_task(takes_context=True)
+def stops_when_its_worker_is_lost(context, directory, limit):
+    """Attempt 1 runs until cancel_requested() (noted in `asked`) or `limit` seconds (noted
+    in `not-asked`), then raises JobCancelled; later attempts return at once."""
+    from zktasks import JobCancelled, cancel_requested
+
+    attempt = context.attempt
+    Path(directory, f"{attempt}.started").touch()
+    if attempt > 1:
+        return attempt
+    deadline = time.monotonic() + limit
+    while not cancel_requested():
+        if time.monotonic() > deadline:
+            Path(directory, "not-asked").touch()
+            return attempt
+        time.sleep(0.02)
+    Path(directory, "asked").touch()
+    raise JobCancelled("its worker's session expired")

@@ -3,7 +3,8 @@
 Task code calls `zktasks.cancel_requested()` at convenient points and stops (returns, or
 raises `zktasks.JobCancelled`) when it says True. The executor sets the state: in a task
 process, per process, through a flag shared with the worker (a signal could arrive before the
-process is ready, or between jobs); in the thread pool, per thread.
+process is ready, or between jobs); in the thread pool, per thread. A worker whose session
+expired asks its runs to stop the same way (their jobs are handed back and run again).
 """
 
 import threading
@@ -36,6 +37,13 @@ def begin(job_id: str) -> None:
     _local.job_id = job_id
 
 
+def bind_abandon_flag(flag: threading.Event | None) -> None:
+    """Thread pool: the run in this thread stops being wanted once `flag` is set (its
+    worker's session was lost). Per run and per worker, never per job id: the same job
+    may run again in this process, under the worker's new identity."""
+    _local.abandoned = flag
+
+
 def end() -> None:
     job_id = getattr(_local, "job_id", None)
     _local.job_id = None
@@ -59,6 +67,9 @@ def cancel_requested() -> bool:
     if job_id is None:
         return False
     if run_cancelled(_current_run):
+        return True
+    flag = getattr(_local, "abandoned", None)
+    if flag is not None and flag.is_set():
         return True
     with _lock:
         return job_id in _cancelled_jobs

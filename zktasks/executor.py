@@ -142,6 +142,10 @@ class ThreadRunner:
 
     name = "thread"
 
+    def __init__(self) -> None:
+        # Set by abandon_running() for the runs begun before it; later runs get a new one.
+        self._abandon = threading.Event()
+
     def start(self) -> None:
         pass
 
@@ -149,7 +153,13 @@ class ThreadRunner:
         return True
 
     def run(self, execution: Execution) -> Outcome:
-        return execute(execution)
+        from . import context
+
+        context.bind_abandon_flag(self._abandon)
+        try:
+            return execute(execution)
+        finally:
+            context.bind_abandon_flag(None)
 
     def cancel(self, job_id: str, *, force: bool = False) -> None:
         from . import context
@@ -159,6 +169,11 @@ class ThreadRunner:
         if force:
             logger.warning("force-cancel needs --pool process; job=%s was only asked to "
                            "stop", job_id)
+
+    def abandon_running(self) -> None:
+        """Ask the runs going on now to stop (cancel_requested() turns True for them)."""
+        flag, self._abandon = self._abandon, threading.Event()
+        flag.set()
 
     def stop(self, *, force: bool = False) -> None:
         pass
@@ -597,6 +612,15 @@ class ProcessRunner:
                 return
             # Not on a slot yet (between "started" and the hand-over): apply on arrival.
             self._early_cancels[job_id] = force
+
+    def abandon_running(self) -> None:
+        """Ask the runs on a slot now to stop (cancel_requested() turns True for them):
+        the one running and those behind it in its batch. Flags are per run number, so
+        a later run of the same job, under the worker's new identity, is not asked."""
+        with self._lock:
+            for slot in self.slots:
+                for number in slot.queued.values():
+                    slot.flag(number)
 
     def stop(self, *, force: bool = False) -> None:
         for slot in self.slots:

@@ -497,8 +497,18 @@ class Worker:
             with self._changes_lock:
                 self._finishing.clear()
                 self._reassigned.clear()
+            with self._cond:
+                running = len(self._running)
             logger.error("ZooKeeper session expired worker=%s: its jobs will be handed "
                          "back; registering again", self.worker_id)
+            if running:
+                # The leader hands their jobs back and they run again: a task that
+                # checks cancel_requested() can stop now instead of running alongside
+                # its rerun (the failure it then reports is dropped, see _settle).
+                self.runner.abandon_running()
+                logger.warning("asked %d running job(s) of worker=%s to stop "
+                               "(zktasks.cancel_requested() is True for them)",
+                               running, self.worker_id)
         elif state == KazooState.CONNECTED:
             client_id = self.client.client_id
             if client_id is None:
@@ -636,7 +646,7 @@ class Worker:
         if self.store.finish(item.worker_id, item.job_id, final, item.found.version):
             logger.info("job cancelled job=%s (not started)", item.job_id)
         with self._cond:
-            self._known.discard(item.job_id)
+            self._forget(item)
 
     def _read_own_znode(self) -> None:
         """Follow requests written to our worker znode (the dashboard's "drain")."""
@@ -689,6 +699,13 @@ class Worker:
             logger.warning("hand back failed job=%s; the leader will reassign it when this "
                            "worker leaves", item.job_id, exc_info=True)
         with self._cond:
+            self._forget(item)
+
+    def _forget(self, item: _Queued) -> None:
+        """The job is no longer held by the current identity (caller holds _cond). Not
+        for a run of an identity lost meanwhile: the same job, handed back and assigned
+        again to this process's new identity, stays known and is not listed twice."""
+        if item.worker_id == self.worker_id:
             self._known.discard(item.job_id)
 
     # -- running -----------------------------------------------------------------------
@@ -740,11 +757,12 @@ class Worker:
             finally:
                 with self._cond:
                     for item in items:
-                        self._running.pop(item.job_id, None)
+                        if self._running.get(item.job_id) == item.worker_id:
+                            del self._running[item.job_id]
                         if item.job_id not in handed_over:
                             # Otherwise it stays known until its outcome is recorded (or
                             # refused): its assignment is still there until then.
-                            self._known.discard(item.job_id)
+                            self._forget(item)
                 for item in items:
                     self._wake_if_draining(item.job_id)
 
@@ -894,6 +912,14 @@ class Worker:
             logger.warning("job interrupted by stop job=%s; it will run again elsewhere",
                            job_id)
             return False
+        if not outcome.ok and (self._lost or worker_id != self.worker_id):
+            # Run under an identity whose session is gone, and asked to stop for that
+            # (abandon_running): its failure says nothing about the job, which the leader
+            # hands back. Recording it could still win the race against the hand-back
+            # and fail a job nobody cancelled. A success is recorded: the work is done.
+            logger.warning("outcome dropped job=%s worker=%s: the worker's session expired "
+                           "during the run; the job runs again", job_id, worker_id)
+            return False
         final, requeue = self._final_record(running, outcome, worker_id)
         with self._cond:  # a next job to start: let this outcome share its multi
             linger = more or (bool(self._ready) and not self._paused and not self._draining)
@@ -921,7 +947,7 @@ class Worker:
                   call) -> None:
         """The committer settled a job's outcome (on its thread): log, signal, forget."""
         with self._cond:
-            self._known.discard(item.job_id)
+            self._forget(item)
         with self._changes_lock:
             self._finishing.discard(item.job_id)
             reassigned = item.job_id in self._reassigned

@@ -3,6 +3,7 @@
 import json
 import threading
 
+import pytest
 from django.tasks import TaskResultStatus
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from kazoo.client import KazooClient
@@ -134,6 +135,30 @@ def _expire(zk_hosts, client):
     twin.stop()
     twin.close()
     return session_id
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_run_whose_worker_session_expired_is_asked_to_stop_and_its_job_runs_again(
+        backend, start_worker, zk_hosts, tmp_path, pool):
+    """The leader hands the job back once the session is gone (here it comes back to the
+    same worker, under its new identity). The first run, still going, sees
+    cancel_requested() and stops instead of running alongside its rerun, and the
+    JobCancelled it raises is not recorded as the job's outcome."""
+    worker = start_worker(pool=pool, concurrency=2)
+    job = tasks.stops_when_its_worker_is_lost.submit(str(tmp_path), 60)
+    wait_until(lambda: (tmp_path / "1.started").exists(), 30, "the first run to start")
+    first_identity = worker.worker_id
+    _expire(zk_hosts, worker.client)
+    wait_until(lambda: (tmp_path / "asked").exists(), 30,
+               "the first run to see cancel_requested()")
+    job.wait(timeout=30)
+    assert job.status == TaskResultStatus.SUCCESSFUL
+    assert job.return_value == 2  # the second attempt's
+    assert job.worker_ids[0] == first_identity
+    assert job.worker_ids[1] == worker.worker_id != first_identity
+    assert [e.exception_class_path for e in job.errors] == [
+        "zktasks.exceptions.WorkerLost"]
+    assert not (tmp_path / "not-asked").exists()
 
 
 def test_stale_leader_write_is_refused_by_its_fence(backend, zk_hosts, zk_client):
