@@ -422,9 +422,10 @@ class Submitter(threading.Thread):
     """
 
     def __init__(self, task, effects: Path, jobs: int, start: float, window: float,
-                 run_id: str, deadline: float):
+                 run_id: str, deadline: float, task_kwargs: dict | None = None):
         super().__init__(name="chaos-submitter", daemon=True)
         self.task = task
+        self.task_kwargs = task_kwargs or {}
         self.effects = str(effects)
         self.jobs = jobs
         self.start_at = start
@@ -446,7 +447,7 @@ class Submitter(threading.Thread):
             while True:
                 began = time.monotonic()
                 try:
-                    result = task.submit(self.effects, sub.seq)
+                    result = task.submit(self.effects, sub.seq, **self.task_kwargs)
                 except ZooKeeperUnavailableError as exc:
                     sub.errors.append((time.time(), type(exc).__name__, str(exc)[:200]))
                 except Exception as exc:  # the contract promises a zktasks error
@@ -1249,7 +1250,8 @@ def report(result: dict, args, seed: int, elapsed: float) -> str:
            f"{'ensemble of ' + str(args.ensemble) if args.ensemble > 1 else 'one ZooKeeper'}, "
            f"{args.workers} workers x {args.concurrency} "
            f"{'task processes' if args.pool == 'process' else 'threads'}, session timeout "
-           f"{args.session_timeout:g}s; {elapsed:.0f}s in all", ""]
+           f"{args.session_timeout:g}s"
+           f"{', cooperative task' if args.cooperative else ''}; {elapsed:.0f}s in all", ""]
     rows = [
         ["jobs submitted", s["jobs_submitted"]],
         ["jobs SUCCESSFUL", s["successful"]],
@@ -1404,6 +1406,9 @@ def parse_args(argv=None):
     parser.add_argument("--no-majority", action="store_true",
                         help="skip the one majority outage of the ensemble")
     parser.add_argument("--no-zk", action="store_true", help="no ZooKeeper member faults")
+    parser.add_argument("--cooperative", action="store_true",
+                        help="the task checks zktasks.cancel_requested() before its effect "
+                             "and stops when asked, as a task written for it would")
     parser.add_argument("--json", metavar="PATH", help="also write the findings as JSON")
     parser.add_argument("--keep", action="store_true",
                         help="keep the run directory (logs, side effects, ZooKeeper data)")
@@ -1491,7 +1496,8 @@ def main(argv=None) -> int:
         chaos.t0 = time.time()
         window_end = chaos.t0 + args.duration
         submitter = Submitter(task, effects, args.jobs, chaos.t0, args.duration * 0.9, run_id,
-                              deadline=window_end + SETTLE_DEADLINE)
+                              deadline=window_end + SETTLE_DEADLINE,
+                              task_kwargs={"cooperative": True} if args.cooperative else None)
         submitter.start()
         chaos.loop(window_end)
         log(f"[{chaos.rel(time.time())}] fault window over: {len(chaos.faults)} faults; "

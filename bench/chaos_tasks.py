@@ -33,8 +33,13 @@ def append_line(path: str, line: str) -> None:
 
 
 @zk_task(takes_context=True)
-def record_side_effect(context, path, seq, min_ms=10, max_ms=200):
-    """Record the start, sleep a little (so kills land mid-job), record the effect."""
+def record_side_effect(context, path, seq, min_ms=10, max_ms=200, cooperative=False):
+    """Record the start, sleep a little (so kills land mid-job), record the effect.
+
+    `cooperative` (chaos.py --cooperative): before the effect, stop with JobCancelled if
+    zktasks.cancel_requested() says so, as a task that checks it would (a worker whose
+    session expired asks its runs to stop; their jobs are handed back).
+    """
     result = context.task_result
     attempt = context.attempt
     worker_id = result.worker_ids[-1] if result.worker_ids else "?"
@@ -43,6 +48,11 @@ def record_side_effect(context, path, seq, min_ms=10, max_ms=200):
     # Deterministic per (job, attempt): a rerun sleeps its own time.
     pause = random.Random(f"{result.id}/{attempt}").uniform(min_ms, max_ms) / 1000
     time.sleep(pause)
+    if cooperative:
+        from zktasks import JobCancelled, cancel_requested
+
+        if cancel_requested():
+            raise JobCancelled("asked to stop before the effect")
     done = time.time()
     append_line(path, f"E {fields} {done:.6f}\n")
     return {"job_id": result.id, "seq": seq, "attempt": attempt, "worker_id": worker_id,
