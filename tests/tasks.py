@@ -128,6 +128,21 @@ async def _async_double(x):
 async_double = zk_task(_async_double)
 
 
+async def _async_until_cancelled(marker):
+    """until_cancelled, as a coroutine: it runs in asgiref's event-loop thread."""
+    import asyncio
+
+    from zktasks import JobCancelled, cancel_requested
+
+    Path(marker).touch()
+    while not cancel_requested():
+        await asyncio.sleep(0.02)
+    raise JobCancelled("stopped on request")
+
+
+async_until_cancelled = zk_task(_async_until_cancelled)
+
+
 @zk_task
 def record_pid_and_wait(marker_dir, release):
     """Write this task process's pid, then block until released."""

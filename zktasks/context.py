@@ -5,11 +5,17 @@ raises `zktasks.JobCancelled`) when it says True. The executor sets the state: i
 process, per process, through a flag shared with the worker (a signal could arrive before the
 process is ready, or between jobs); in the thread pool, per thread. A worker whose session
 expired asks its runs to stop the same way (their jobs are handed back and run again).
+
+The job a thread runs is held in context variables, not a threading.local: an async task
+runs in asgiref's event-loop thread, and async_to_sync carries context variables there
+(a threading.local would leave it with no job, and cancel_requested() always False).
 """
 
 import threading
+from contextvars import ContextVar
 
-_local = threading.local()
+_job_id: ContextVar[str | None] = ContextVar("zktasks_job_id", default=None)
+_abandoned: ContextVar[threading.Event | None] = ContextVar("zktasks_abandoned", default=None)
 _cancelled_jobs: set[str] = set()   # thread pool: job ids asked to stop, in this process
 _lock = threading.Lock()
 # Task process: flags shared with the worker. Entry `n % len(flags)` holds n when run n is
@@ -34,26 +40,26 @@ def set_current_run(number: int) -> None:
 
 
 def begin(job_id: str) -> None:
-    _local.job_id = job_id
+    _job_id.set(job_id)
 
 
 def bind_abandon_flag(flag: threading.Event | None) -> None:
     """Thread pool: the run in this thread stops being wanted once `flag` is set (its
     worker's session was lost). Per run and per worker, never per job id: the same job
     may run again in this process, under the worker's new identity."""
-    _local.abandoned = flag
+    _abandoned.set(flag)
 
 
 def end() -> None:
-    job_id = getattr(_local, "job_id", None)
-    _local.job_id = None
+    job_id = _job_id.get()
+    _job_id.set(None)
     if job_id:
         with _lock:
             _cancelled_jobs.discard(job_id)
 
 
 def current_job_id() -> str | None:
-    return getattr(_local, "job_id", None)
+    return _job_id.get()
 
 
 def request_cancel(job_id: str) -> None:
@@ -68,7 +74,7 @@ def cancel_requested() -> bool:
         return False
     if run_cancelled(_current_run):
         return True
-    flag = getattr(_local, "abandoned", None)
+    flag = _abandoned.get()
     if flag is not None and flag.is_set():
         return True
     with _lock:

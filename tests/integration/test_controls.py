@@ -106,6 +106,21 @@ def test_delayed_job_can_be_cancelled(backend, start_worker, zk_client):
     assert delayed_nodes(zk_client, backend.store.layout) == []  # gone in cancel's multi
 
 
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_an_async_task_sees_cancel_requested(backend, start_worker, tmp_path, pool):
+    """A coroutine runs in asgiref's event-loop thread: the job it runs for, and so
+    cancel_requested(), must reach it there (a threading.local did not)."""
+    start_worker(pool=pool, concurrency=1)
+    marker = tmp_path / "started"
+    job = tasks.async_until_cancelled.submit(str(marker))
+    wait_until(marker.exists, 30, "the task to start")
+    assert job.cancel() is False  # a worker holds it: asked to stop
+    job.wait(timeout=30)
+    assert job.status == TaskResultStatus.FAILED
+    assert job.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
+    assert "stopped on request" in job.errors[-1].traceback
+
+
 def test_invalid_retry_options_are_refused(backend):
     from zktasks import zk_task
 
