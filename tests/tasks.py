@@ -143,6 +143,34 @@ async def _async_until_cancelled(marker):
 async_until_cancelled = zk_task(_async_until_cancelled)
 
 
+async def _async_past_its_limit(marker_dir, seconds):
+    """Sleeps past its time limit; leaves a file saying whether it cleaned up or ran on."""
+    import asyncio
+
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        (Path(marker_dir) / "cleaned-up").touch()
+        raise
+    (Path(marker_dir) / "ran-on").touch()
+
+
+async_past_its_limit = zk_task(timeout=0.5)(_async_past_its_limit)
+
+
+async def _async_blocks_its_loop(seconds):
+    time.sleep(seconds)  # blocks the event loop: cancelling cannot reach it
+
+
+async_blocks_its_loop = zk_task(timeout=0.5)(_async_blocks_its_loop)
+
+
+@zk_task(timeout=5)
+def short_sleep_limited(seconds):
+    """Only test_async_time_limits runs it (the thread pool warns once per process)."""
+    time.sleep(seconds)
+
+
 @zk_task
 def record_pid_and_wait(marker_dir, release):
     """Write this task process's pid, then block until released."""

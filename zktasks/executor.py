@@ -6,6 +6,7 @@ the OOM killer) or runs past its time limit costs that one job: the slot starts 
 process and the worker goes on.
 """
 
+import asyncio
 import ctypes
 import logging
 import multiprocessing
@@ -65,7 +66,7 @@ def _rebuild(cls, values):
     return cls(**dict(zip(_FIELDS[cls], values, strict=True)))
 
 
-def execute(execution: Execution) -> Outcome:
+def execute(execution: Execution, *, in_thread_pool: bool = False) -> Outcome:
     """Load and call the job's function; never raises."""
     from . import context, serialization
     from .records import StatusRecord
@@ -79,16 +80,16 @@ def execute(execution: Execution) -> Outcome:
             # Only then is the record decoded here: most tasks never need it.
             record = StatusRecord.from_bytes(execution.record_json)
             args = (_context(record, call.func, call.args, call.kwargs), *args)
-        _in_task.active = True
-        try:
-            if iscoroutinefunction(call.func):
-                from asgiref.sync import async_to_sync
-
-                value = async_to_sync(call.func)(*args, **call.kwargs)
-            else:
+        if iscoroutinefunction(call.func):
+            value = _run_coroutine(call.func, args, call.kwargs, execution.timeout)
+        else:
+            if in_thread_pool and execution.timeout:
+                _warn_no_limit(call.func, execution.timeout)
+            _in_task.active = True
+            try:
                 value = call.func(*args, **call.kwargs)
-        finally:
-            _in_task.active = False
+            finally:
+                _in_task.active = False
         return Outcome(ok=True, value_blob=serialization.dump_value(value))
     except BaseException as exc:  # a task's SystemExit is its failure, not ours
         delay = None
@@ -103,6 +104,48 @@ def execute(execution: Execution) -> Outcome:
             close_old_connections()
         except Exception:
             logger.debug("closing database connections failed", exc_info=True)
+
+
+def _run_coroutine(func, args, kwargs, timeout: float | None):
+    """Run an async task in asgiref's event loop, as Django runs them.
+
+    Its soft limit is asyncio.timeout(), not the SIGALRM a sync task gets: the loop runs
+    in asgiref's own thread, so the signal could only interrupt this thread's wait, and
+    the coroutine would run on, side effects and all, after its job was recorded as
+    failed. Cancelled at its await instead, it sees CancelledError and can clean up. One
+    that swallows the cancellation or blocks the loop keeps this thread waiting, so the
+    hard limit (--pool process) still kills its task process.
+    """
+    from asgiref.sync import async_to_sync
+
+    if timeout is None:
+        return async_to_sync(func)(*args, **kwargs)
+
+    async def within_limit():
+        limit = asyncio.timeout(timeout)
+        try:
+            async with limit:
+                return await func(*args, **kwargs)
+        except TimeoutError:
+            if limit.expired():
+                raise TaskTimeout("The task ran past its time limit (soft limit: its "
+                                  "coroutine was cancelled).") from None
+            raise
+
+    return async_to_sync(within_limit)()
+
+
+_warned_no_limit: set[str] = set()
+
+
+def _warn_no_limit(func, timeout: float) -> None:
+    # Once per task and process: a thread cannot be interrupted, so the limit is not kept.
+    name = f"{func.__module__}.{func.__qualname__}"
+    if name not in _warned_no_limit:
+        _warned_no_limit.add(name)
+        logger.warning("task %s has a %gs time limit, which the thread pool cannot enforce "
+                       "for a sync task; it runs without one. Run it with --pool process "
+                       "(or make it async def) to keep the limit.", name, timeout)
 
 
 class _InTask(threading.local):
@@ -138,7 +181,8 @@ def _context(record, func, args, kwargs):
 
 
 class ThreadRunner:
-    """Run jobs in the calling thread: for I/O-bound work. No hard time limit."""
+    """Run jobs in the calling thread: for I/O-bound work. Time limits reach async tasks
+    only (their soft limit); a sync one runs without, and a warning says so once."""
 
     name = "thread"
 
@@ -157,7 +201,7 @@ class ThreadRunner:
 
         context.bind_abandon_flag(self._abandon)
         try:
-            return execute(execution)
+            return execute(execution, in_thread_pool=True)
         finally:
             context.bind_abandon_flag(None)
 

@@ -42,11 +42,8 @@ def value(outcome):
 
 
 @pytest.fixture
-def runner():
-    runner = ProcessRunner(1)
-    runner.start()
-    yield runner
-    runner.stop()
+def runner(process_runner):
+    return process_runner
 
 
 def test_a_batch_runs_in_one_task_process_in_order(runner, tmp_path):
