@@ -227,3 +227,16 @@ def stops_when_its_worker_is_lost(context, directory, limit):
         time.sleep(0.02)
     Path(directory, "asked").touch()
     raise JobCancelled("its worker's session expired")
+
+
+@zk_task
+def fan_out(n):
+    """Submits n follow-up jobs from inside a running job; returns their ids."""
+    return [add.submit(i, i).id for i in range(n)]
+
+
+async def _async_fan_out(n):
+    return [(await add.asubmit(i, i)).id for i in range(n)]
+
+
+async_fan_out = zk_task(_async_fan_out)

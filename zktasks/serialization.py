@@ -6,6 +6,7 @@ a test module) travel by value, as dill's serialized Runnable of the seed did.
 """
 
 import builtins
+import dataclasses
 import datetime
 import decimal
 import importlib
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import dill
+from django.tasks.base import Task
 
 from .exceptions import SerializationError
 
@@ -42,6 +44,9 @@ class ByValue:
 
     func: Any
     module: str
+    # The copies _detached() made of the functions of the same module that `func` uses
+    # (helpers, and the functions of tasks it submits): each gets its module back too.
+    helpers: tuple = ()
 
     def resolve(self):
         local = find_local(self.module, getattr(self.func, "__qualname__", ""))
@@ -49,10 +54,14 @@ class ByValue:
             # Importable here after all (a test module in the submitting process): use
             # the original, so Task.get_result() finds the same function object.
             return local
-        try:
-            self.func.__module__ = self.module
-        except (AttributeError, TypeError):
-            pass
+        # getattr: bytes written before `helpers` existed unpickle without it.
+        for func in (self.func, *getattr(self, "helpers", ())):
+            try:
+                func.__module__ = self.module
+                if isinstance(func, types.FunctionType):
+                    func.__globals__["__name__"] = self.module  # for getLogger(__name__)
+            except (AttributeError, TypeError):
+                pass
         return self.func
 
 
@@ -123,11 +132,41 @@ def _detached(func: types.FunctionType, memo: dict) -> types.FunctionType:
         if name not in func.__globals__:
             continue
         value = func.__globals__[name]
-        inner = getattr(value, "func", value)  # a Task defined in the same module
-        if isinstance(inner, types.FunctionType) and inner.__module__ == module:
-            value = _detached(inner, memo)
+        if isinstance(value, Task):
+            if isinstance(value.func, types.FunctionType) and value.func.__module__ == module:
+                # A task of the same module that `func` submits (or calls): it stays a
+                # task, around a copy of its function, so `other.submit()` works there.
+                value = _task_around(value, _detached(value.func, memo))
+        elif isinstance(value, types.FunctionType) and value.__module__ == module:
+            value = _detached(value, memo)
         new_globals[name] = value
     return copy
+
+
+class _task_around:  # noqa: N801 (a pickling stand-in, used like a function)
+    """Stands for `task` in a detached function's globals; unpickles as that task, around
+    the by-value copy of its function.
+
+    Django's Task pickles by reference (Task.__reduce__ names its module path), which a
+    worker that cannot import the module cannot follow.
+    """
+
+    def __init__(self, task: Task, func: types.FunctionType):
+        self.task_class = type(task)
+        self.values = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
+        self.values["func"] = func
+
+    def __reduce__(self):
+        return _rebuild_task, (self.task_class, self.values)
+
+
+def _rebuild_task(task_class, values) -> Task:
+    # Not task_class(**values): its __post_init__ validates the task against this
+    # process's backend settings, and the task was valid where it was submitted.
+    task = object.__new__(task_class)
+    for name, value in values.items():
+        object.__setattr__(task, name, value)
+    return task
 
 
 def function_spec(func, *, by_value: bool | None = None):
@@ -138,7 +177,9 @@ def function_spec(func, *, by_value: bool | None = None):
         return FunctionRef(func.__module__, func.__qualname__)
     module = getattr(func, "__module__", None) or "__main__"
     if isinstance(func, types.FunctionType):
-        return ByValue(_detached(func, {}), module)
+        memo: dict = {}
+        detached = _detached(func, memo)
+        return ByValue(detached, module, tuple(f for f in memo.values() if f is not detached))
     return ByValue(func, module)
 
 

@@ -105,6 +105,20 @@ def test_async_task_runs_on_the_worker(backend, start_worker):
     assert tasks.async_double.submit(21).wait(timeout=30).return_value == 42
 
 
+@pytest.mark.parametrize("pool", ["thread", "process"])
+@pytest.mark.parametrize("fan_out", [tasks.fan_out, tasks.async_fan_out], ids=["sync", "async"])
+def test_a_task_submits_follow_up_jobs(backend, start_worker, pool, fan_out):
+    """A task function of a test module travels by value; the tasks of its module that it
+    submits must still be tasks there (they used to arrive as bare functions: no
+    .submit()), and their jobs must name the task, not __main__."""
+    start_worker(pool=pool)
+    ids = fan_out.submit(3).wait(timeout=60).return_value
+    results = [backend.get_result(job_id) for job_id in ids]
+    for i, result in enumerate(results):
+        assert result.wait(timeout=30).return_value == 2 * i
+        assert result.task.module_path == "tests.tasks.add"
+
+
 def test_submit_costs_one_request_once_parents_exist(backend, zookeeper):
     """The Store's memo of parents it made survives between submits (it did not: each
     submit re-checked ten parents, 11 requests instead of 1)."""
