@@ -240,3 +240,47 @@ async def _async_fan_out(n):
 
 
 async_fan_out = zk_task(_async_fan_out)
+
+
+class UnprintableError(Exception):
+    def __str__(self):
+        raise RuntimeError("__str__ itself fails")
+
+
+@zk_task
+def raises_unprintable():
+    raise UnprintableError("hidden")
+
+
+def _refuse_to_load():
+    raise RuntimeError("this value cannot be loaded here")
+
+
+class LoadsNowhere:
+    """Pickles fine on the worker; unpickling it raises (as a class missing here would)."""
+
+    def __reduce__(self):
+        return _refuse_to_load, ()
+
+
+@zk_task
+def returns_unloadable():
+    return LoadsNowhere()
+
+
+class Greeter:
+    def __init__(self, name):
+        self.name = name
+
+    def hello(self, other):
+        return f"{self.name} greets {other}"
+
+    def __call__(self, other):
+        return f"{self.name} called {other}"
+
+    async def ahello(self, other):
+        return f"{self.name} awaits {other}"
+
+
+def join_with(separator, *parts):
+    return separator.join(parts)

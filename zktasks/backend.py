@@ -38,7 +38,7 @@ from .handler import inline_watch
 from .pipeline import current as pipeline_of
 from .records import StatusRecord
 from .store import Store, failures, mark_draining
-from .task import ZkTask, ZkTaskResult
+from .task import UnloadableValue, ZkTask, ZkTaskResult
 from .tree import BUCKET_MS, QUEUE_RE, delayed_node_name, is_job_id, job_node_name
 
 logger = logging.getLogger(__name__)
@@ -274,12 +274,17 @@ class ZooKeeperBackend(BaseTaskBackend):
         """Turn a status record into a ZkTaskResult, loading only verified pickles."""
         key = self.conf.signing_key
         if task is None or args is None:
-            func, args, kwargs = self._load_call(record)
-            task = self._task_for(record, func)
+            func, args, kwargs, policy = self._load_call(record)
+            task = self._task_for(record, func, policy)
         return_value = None
         if record.state == records.SUCCESSFUL and record.result is not None:
-            return_value = envelope.load(record.result, job_id=record.id,
-                                         kind=envelope.RESULT, key=key)
+            try:
+                return_value = envelope.load(record.result, job_id=record.id,
+                                             kind=envelope.RESULT, key=key)
+            except Exception as exc:
+                # The status stays readable; only return_value raises (ZkTaskResult).
+                logger.warning("result not loadable job=%s: %r", record.id, exc)
+                return_value = UnloadableValue(record.id, exc)
         result = ZkTaskResult(
             task=task,
             id=record.id,
@@ -312,21 +317,28 @@ class ZooKeeperBackend(BaseTaskBackend):
                 blob = envelope.open_envelope(record.payload, job_id=record.id,
                                               kind=envelope.PAYLOAD, key=self.conf.signing_key)
                 call = serialization.load_call(blob)
-                return call.func, call.args, call.kwargs
+                return call.func, call.args, call.kwargs, call.policy
             except PayloadVerificationError as exc:
                 logger.warning("payload not loaded job=%s: %s", record.id, exc)
             except Exception as exc:  # verified, but its code is not importable here
                 logger.warning("payload not loadable job=%s: %r", record.id, exc)
         module, _, qualname = record.task.rpartition(".")
         func = serialization.find_local(module, qualname) or _payload_unavailable
-        return func, (), {}
+        return func, (), {}, None
 
-    def _task_for(self, record: StatusRecord, func):
+    def _task_for(self, record: StatusRecord, func, policy=None):
+        """The task as the job was submitted: its options come from the record, and its
+        retry policy from the payload when that was loaded."""
         fields = dict(
             func=func, backend=self.alias, queue_name=record.queue, priority=record.priority,
             takes_context=record.takes_context, max_attempts=record.max_attempts,
             timeout=record.timeout, result_ttl=record.result_ttl,
+            run_after=record.run_after, unique_key=record.unique_key,
         )
+        if policy is not None:
+            if policy.backoff is not None:
+                fields["backoff"] = policy.backoff
+            fields["retry_on"] = policy.retry_on
         try:
             return self.task_class(**fields)
         except InvalidTask:
@@ -353,9 +365,13 @@ class ZooKeeperBackend(BaseTaskBackend):
             changed.clear()
             remaining = None if deadline is None else deadline - time.monotonic()
             bound = self.conf.connect_timeout
+            if remaining is not None:
+                # A read gets at least WAIT_READ_FLOOR even when little or no time is
+                # left, so wait(timeout=0) answers for a finished job: a healthy
+                # ensemble replies in milliseconds, an unreachable one costs that long.
+                bound = min(bound, max(remaining, WAIT_READ_FLOOR))
             try:
-                with store.bounded(bound if remaining is None else
-                                   max(0.0, min(bound, remaining))):
+                with store.bounded(bound):
                     found = store.read_status(job_id, watch=on_change)
             except ZooKeeperUnavailableError:
                 found = _UNKNOWN
@@ -365,7 +381,8 @@ class ZooKeeperBackend(BaseTaskBackend):
                 return self.build_result(found.record)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                state = "unknown" if found is _UNKNOWN else found.record.state
+                state = ("unknown: ZooKeeper did not answer" if found is _UNKNOWN
+                         else found.record.state)
                 raise TimeoutError(
                     f"Job {job_id!r} did not finish within {timeout:g}s (state {state})."
                 )
@@ -628,6 +645,7 @@ def purge_before_ms(older_than: timedelta | None) -> int:
 
 
 _UNKNOWN = object()
+WAIT_READ_FLOOR = 1.0  # seconds a wait()'s read of the status may take, however short
 
 
 def _payload_unavailable(*args, **kwargs):

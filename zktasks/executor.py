@@ -79,7 +79,7 @@ def execute(execution: Execution, *, in_thread_pool: bool = False) -> Outcome:
         if execution.takes_context:
             # Only then is the record decoded here: most tasks never need it.
             record = StatusRecord.from_bytes(execution.record_json)
-            args = (_context(record, call.func, call.args, call.kwargs), *args)
+            args = (_context(record, call, call.args, call.kwargs), *args)
         if iscoroutinefunction(call.func):
             value = _run_coroutine(call.func, args, call.kwargs, execution.timeout)
         else:
@@ -168,11 +168,11 @@ def retry_delay(policy, attempt: int, exc: BaseException) -> float | None:
         return None
 
 
-def _context(record, func, args, kwargs):
+def _context(record, call, args, kwargs):
     from django.tasks import TaskContext, task_backends
 
     backend = task_backends[record.backend]
-    task = backend._task_for(record, func)
+    task = backend._task_for(record, call.func, call.policy)
     result = backend.build_result(record, task=task, args=list(args), kwargs=dict(kwargs))
     return TaskContext(task_result=result)
 

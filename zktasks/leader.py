@@ -80,6 +80,11 @@ class WorkerView:
         return 0 if self.draining else self.capacity - len(self.assigned)
 
     @property
+    def idle(self) -> int:
+        """Runners with no job assigned: a job sent here starts at once."""
+        return 0 if self.draining else max(0, self.concurrency - len(self.assigned))
+
+    @property
     def wants_work(self) -> bool:
         """Refill once half the prefetched jobs are gone, not after each job: under a
         backlog that makes assignments batches (one multi for many jobs), and the
@@ -911,7 +916,8 @@ class Leader:
 
     def plan(self) -> list[tuple[str, str, str]]:
         """Decide (queue, job_node, worker) moves: highest priority, then oldest, first;
-        each to the serving worker with the most free slots. Updates the local view.
+        each to the serving worker with the most idle runners, then the most free slots.
+        Updates the local view.
 
         The per-queue lists are already sorted: a lazy merge stops as soon as the free
         slots are spent, so a plan costs what it assigns, not the size of the backlog.
@@ -933,7 +939,10 @@ class Leader:
                 if len(blocked) == len(queues) or not any(w.free > 0 for w in eligible):
                     break
                 continue
-            target = max(workers, key=lambda w: (w.free, w.worker_id))
+            # Idle runners first: prefetch slots count as free too, and a worker whose
+            # prefetch grew (16 for short jobs) would otherwise queue a job behind a
+            # long one while another worker sits idle.
+            target = max(workers, key=lambda w: (w.idle, w.free, w.worker_id))
             target.assigned.add(node.split("-", 1)[1])
             taken[queue] = taken.get(queue, 0) + 1
             moves.append((queue, node, target.worker_id))

@@ -47,9 +47,13 @@ class ErrorRecord:
         import traceback
 
         kind = type(exc)
+        try:
+            message = str(exc)
+        except Exception:  # a task's exception with a broken __str__ is still its failure
+            message = "<exception str() failed>"  # what the traceback module writes
         return cls(
             exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-            message=str(exc)[:2000],
+            message=message[:2000],
             traceback="".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:],
             attempt=attempt,
             worker_id=worker_id,

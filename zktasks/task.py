@@ -1,13 +1,16 @@
 """Define ZkTask (a django.tasks.Task), the @zk_task decorator, submit() and the result."""
 
+import functools
+import inspect
 import math
+import types
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, task_backends
 from django.tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskResult
 
-from .exceptions import InvalidTaskError
+from .exceptions import InvalidTaskError, PayloadVerificationError, SerializationError
 
 _UNSET = object()
 
@@ -176,7 +179,56 @@ def submit(func, *args, **kwargs):
         return func.enqueue(*args, **kwargs)
     if not callable(func):
         raise InvalidTaskError(f"submit() needs a callable or a task, not {func!r}.")
+    if not isinstance(func, types.FunctionType | types.BuiltinFunctionType):
+        func = _as_function(func)
     return zk_task(func).enqueue(*args, **kwargs)
+
+
+def _as_function(target):
+    """A function that calls `target`: a bound method, a partial, a callable object or a
+    method descriptor such as str.upper.
+
+    A task needs a function with a module and a name, and a bound method sent as itself
+    would be looked up by that name on the worker and lose its `self`. The function is
+    named "<what it calls>", which no import can find, so it travels by value (dill)
+    with `target` inside.
+    """
+    inner = target.func if isinstance(target, functools.partial) else target
+    module = (getattr(inner, "__module__", None) or getattr(type(inner), "__module__", None)
+              or "__main__")
+    name = getattr(inner, "__qualname__", None) or f"{type(inner).__qualname__} object"
+    if isinstance(target, functools.partial):
+        name = f"partial of {name}"
+
+    if inspect.iscoroutinefunction(target):
+        async def call(*args, **kwargs):
+            return await target(*args, **kwargs)
+    else:
+        def call(*args, **kwargs):
+            return target(*args, **kwargs)
+    call.__module__ = module
+    call.__name__ = call.__qualname__ = f"<{name}>"
+    return call
+
+
+class UnloadableValue:
+    """Stands for a return value this process could not load (see return_value)."""
+
+    __slots__ = ("job_id", "error")
+
+    def __init__(self, job_id: str, error: Exception):
+        self.job_id = job_id
+        self.error = error
+
+    def raise_error(self):
+        if isinstance(self.error, PayloadVerificationError):
+            raise PayloadVerificationError(str(self.error)) from self.error
+        raise SerializationError(
+            f"The return value of job {self.job_id!r} cannot be loaded in this process "
+            f"({type(self.error).__name__}: {self.error}). The worker could pickle it; "
+            "deploy the same code here (its classes must be importable), or return "
+            "plain data such as a primary key."
+        ) from self.error
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +242,15 @@ class ZkTaskResult(TaskResult):
         # Django's results normalize args through JSON; ours travel with dill, so
         # model instances, sets and Decimals stay what they were.
         pass
+
+    @property
+    def return_value(self):
+        """The task's return value; raises if it did not succeed, as Django's does, or
+        if the value cannot be loaded in this process (the status is still readable)."""
+        value = TaskResult.return_value.__get__(self)
+        if isinstance(value, UnloadableValue):
+            value.raise_error()
+        return value
 
     def wait(self, timeout: float | None = None) -> "ZkTaskResult":
         """Block until the job finishes (on a ZooKeeper watch); raise TimeoutError if not."""

@@ -1100,7 +1100,7 @@ class Worker:
         if call is None:
             return
         try:
-            task = self.backend._task_for(record, call.func)
+            task = self.backend._task_for(record, call.func, call.policy)
             result = self.backend.build_result(record, task=task, args=list(call.args),
                                                kwargs=dict(call.kwargs))
             signal.send(type(self.backend), task_result=result)

@@ -1,4 +1,6 @@
-"""Bad input is refused at submit with a clear error, and nothing is written."""
+"""Bad input is refused at submit with a clear error, and nothing is written; a bad
+outcome (an exception that cannot print itself, a value that cannot be loaded) is still
+recorded and readable."""
 
 import pytest
 from django.tasks import TaskResultStatus, task_backends
@@ -108,8 +110,44 @@ def test_pending_job_can_be_cancelled_and_never_runs(backend, start_worker, zk_c
 
 def test_wait_times_out_with_a_clear_error(backend):
     job = tasks.add.submit(1, 2)
-    with pytest.raises(TimeoutError, match="did not finish within 0.2s"):
+    with pytest.raises(TimeoutError, match=r"did not finish within 0.2s \(state READY\)"):
         job.wait(timeout=0.2)
+    # No time left is still time to read: the state is READY, not "unknown".
+    with pytest.raises(TimeoutError, match=r"within 0s \(state READY\)"):
+        job.wait(timeout=0)
+
+
+def test_wait_with_no_time_left_returns_a_finished_job(backend, start_worker):
+    start_worker()
+    job = tasks.add.submit(1, 2)
+    job.wait(timeout=30)
+    assert backend.wait(job.id, timeout=0).return_value == 3
+    assert tasks.add.get_result(job.id).wait(timeout=0).return_value == 3
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_an_exception_whose_str_fails_still_fails_its_job(backend, start_worker, pool):
+    """Its str() raising used to leave the job RUNNING (thread pool) or turn it into a
+    TaskProcessDied (process pool): recording the error itself failed."""
+    start_worker(pool=pool)
+    result = tasks.raises_unprintable.submit().wait(timeout=60)
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "tests.tasks.UnprintableError"
+    assert "raise UnprintableError" in result.errors[0].traceback
+
+
+def test_a_return_value_that_cannot_be_loaded_here_leaves_the_result_readable(
+        backend, start_worker):
+    start_worker()
+    job = tasks.returns_unloadable.submit()
+    result = job.wait(timeout=30)  # used to raise the unpickling error itself
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.worker_ids
+    with pytest.raises(SerializationError, match="cannot be loaded in this process"):
+        _ = result.return_value
+    fresh = backend.get_result(job.id)
+    assert fresh.status == TaskResultStatus.SUCCESSFUL
+    with pytest.raises(SerializationError, match="this value cannot be loaded here"):
+        _ = fresh.return_value
 
 
 def test_immediate_backend_keeps_zk_tasks_working(settings):

@@ -1,10 +1,14 @@
 """The core pipeline against a real ZooKeeper: submit → leader assigns → worker runs →
 result, with every transition checked in the tree."""
 
+import functools
 import os
+from collections import Counter
+from datetime import timedelta
 
 import pytest
 from django.tasks import TaskResultStatus
+from django.utils import timezone
 
 from tests import tasks
 from tests.pending import pending_nodes
@@ -117,6 +121,35 @@ def test_a_task_submits_follow_up_jobs(backend, start_worker, pool, fan_out):
     for i, result in enumerate(results):
         assert result.wait(timeout=30).return_value == 2 * i
         assert result.task.module_path == "tests.tasks.add"
+
+
+def test_any_callable_can_be_submitted(backend, start_worker):
+    """Bound methods keep their self (they used to be looked up by name on the worker
+    and run without it); partials, callable objects and method descriptors run too."""
+    start_worker(pool="process")
+    greeter = tasks.Greeter("ann")
+    calls = [
+        (submit(greeter.hello, "bob"), "ann greets bob"),
+        (submit(greeter.ahello, "bob"), "ann awaits bob"),
+        (submit(greeter, "bob"), "ann called bob"),
+        (submit(functools.partial(tasks.join_with, "-"), "a", "b"), "a-b"),
+        (submit(str.upper, "abc"), "ABC"),
+        (submit(Counter("aab").most_common, 1), [("a", 2)]),
+    ]
+    for job, expected in calls:
+        assert job.wait(timeout=60).return_value == expected
+    assert calls[0][0].task.module_path == "tests.tasks.<Greeter.hello>"
+
+
+def test_a_result_s_task_keeps_the_options_it_was_submitted_with(backend):
+    when = timezone.now() + timedelta(hours=1)
+    job = tasks.add.using(run_after=when, unique_key="options-kept", backoff=3.0,
+                          retry_on=(ValueError,), max_attempts=4).submit(1, 2)
+    task = backend.get_result(job.id).task
+    assert task.run_after == when and task.unique_key == "options-kept"
+    assert task.backoff == 3.0 and task.retry_on == (ValueError,)
+    assert task.max_attempts == 4
+    job.cancel()
 
 
 def test_submit_costs_one_request_once_parents_exist(backend, zookeeper):

@@ -194,10 +194,23 @@ def test_plan_prefers_priority_then_age_and_least_loaded_worker():
         "w3": WorkerView("w3", frozenset({"default"}), concurrency=5, draining=True),
     }
     moves = leader.plan()
-    assert moves[0] == ("default", job_node_name(5, b), "w2")  # highest priority first
+    # Highest priority first, to the worker with an idle runner (w2's one is busy).
+    assert moves[0] == ("default", job_node_name(5, b), "w1")
     assert {m[2] for m in moves} == {"w1", "w2"}  # never the draining worker
     assert len(moves) == 2  # capacity: w1 has 1, w2 has 1 free; one job waits
     assert leader.workers["w2"].free == 0 and leader.workers["w1"].free == 0
+
+
+def test_plan_sends_a_job_to_an_idle_runner_before_anyone_s_prefetch():
+    """A worker whose prefetch grew to 16 has more free slots than an idle worker with 4,
+    but its one runner is busy: the job would wait behind a long one."""
+    leader = Leader.__new__(Leader)
+    leader.pending = {"default": [job_node_name(0, "0" * 31 + "a")]}
+    warm = WorkerView("w1", concurrency=1, prefetch=16, assigned={"long"})
+    idle = WorkerView("w0", concurrency=1, prefetch=4)
+    leader.workers = {"w1": warm, "w0": idle}
+    assert warm.free > idle.free
+    assert [m[2] for m in leader.plan()] == ["w0"]
 
 
 def test_plan_refills_a_busy_worker_once_half_its_prefetch_is_gone():
