@@ -4,7 +4,7 @@ import functools
 import inspect
 import math
 import types
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, task_backends
@@ -109,6 +109,21 @@ class ZkTask(Task):
             extra["result_ttl"] = result_ttl
         return replace(changed, **extra) if extra else changed
 
+    # On Django's own backends (Immediate, Dummy: a user's unit tests) the results are
+    # made ZkTaskResults too, so code written for zktasks (r.wait(), r.cancel()) runs
+    # there unchanged.
+    def enqueue(self, *args, **kwargs):
+        return _zk_result(Task.enqueue(self, *args, **kwargs))
+
+    async def aenqueue(self, *args, **kwargs):
+        return _zk_result(await Task.aenqueue(self, *args, **kwargs))
+
+    def get_result(self, result_id):
+        return _zk_result(Task.get_result(self, result_id))
+
+    async def aget_result(self, result_id):
+        return _zk_result(await Task.aget_result(self, result_id))
+
     def submit(self, *args, **kwargs):
         """Queue the task; same as enqueue() (Django's name)."""
         return self.enqueue(*args, **kwargs)
@@ -211,6 +226,15 @@ def _as_function(target):
     return call
 
 
+def _zk_result(result: TaskResult) -> "ZkTaskResult":
+    if isinstance(result, ZkTaskResult):
+        return result
+    values = {f.name: getattr(result, f.name) for f in fields(TaskResult) if f.init}
+    converted = ZkTaskResult(**values, queue_name=result.task.queue_name)
+    object.__setattr__(converted, "_return_value", result._return_value)
+    return converted
+
+
 class UnloadableValue:
     """Stands for a return value this process could not load (see return_value)."""
 
@@ -254,8 +278,17 @@ class ZkTaskResult(TaskResult):
 
     def wait(self, timeout: float | None = None) -> "ZkTaskResult":
         """Block until the job finishes (on a ZooKeeper watch); raise TimeoutError if not."""
-        fresh = self.task.get_backend().wait(self.id, timeout=timeout)
-        self._copy_from(fresh)
+        backend = self.task.get_backend()
+        if not hasattr(backend, "wait"):  # Django's Immediate or Dummy backend
+            if not self.is_finished and backend.supports_get_result:
+                self.refresh()
+            if self.is_finished:
+                return self
+            raise TimeoutError(
+                f"Job {self.id!r} is {self.status}, and the {type(backend).__name__} "
+                "runs no tasks: waiting would never end."
+            )
+        self._copy_from(backend.wait(self.id, timeout=timeout))
         return self
 
     def refresh(self):
@@ -264,7 +297,14 @@ class ZkTaskResult(TaskResult):
     def cancel(self, *, force: bool = False) -> bool:
         """Cancel the job: True if it will never run; False if its worker was asked to
         stop it (cooperatively, or by terminating its task process with force=True)."""
-        cancelled = self.task.get_backend().cancel(self.id, force=force)
+        backend = self.task.get_backend()
+        if not hasattr(backend, "cancel"):  # Django's Immediate or Dummy backend
+            if self.is_finished:
+                return False
+            raise NotImplementedError(
+                f"The {type(backend).__name__} cannot cancel jobs; cancelling needs the "
+                "ZooKeeperBackend.")
+        cancelled = backend.cancel(self.id, force=force)
         self.refresh()
         return cancelled
 

@@ -156,6 +156,9 @@ def test_immediate_backend_keeps_zk_tasks_working(settings):
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == 5
     assert task_backends["default"].__class__.__name__ == "ImmediateBackend"
+    # Code written for zktasks runs unchanged in a user's unit tests.
+    assert result.wait(timeout=10) is result
+    assert result.cancel() is False  # it has already finished
 
 
 def test_dummy_backend_records_submissions(settings):
@@ -163,6 +166,11 @@ def test_dummy_backend_records_submissions(settings):
     result = tasks.add.submit(2, 3)
     assert result.status == TaskResultStatus.READY
     assert task_backends["default"].results[0].id == result.id
+    assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
+    with pytest.raises(TimeoutError, match="DummyBackend runs no tasks"):
+        result.wait(timeout=10)
+    with pytest.raises(NotImplementedError, match="needs the ZooKeeperBackend"):
+        result.cancel()
 
 
 def test_queues_given_as_a_string_is_a_clear_configuration_error(settings, zk_hosts, zk_root):
