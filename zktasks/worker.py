@@ -143,6 +143,9 @@ class Worker:
         self._cond = threading.Condition()
         self._ready: list[_Queued] = []
         self._known: set[str] = set()       # assigned to the current identity, not finished
+        # Jobs with a cancel request, as last listed: one may reach us after it was asked
+        # for (its worker died before it could act, and the leader handed the job back).
+        self._cancels: frozenset[str] = frozenset()
         self._running: dict[str, str] = {}  # job_id -> worker_id it runs under
         self._idle_runners = 0              # runner threads waiting for a job
         self.batched_starts = 0             # jobs started in a runner's batch (MAX_STARTS)
@@ -292,9 +295,10 @@ class Worker:
         self._lost = False
         self._paused = False
         self._relist = True
+        # Cancel requests first: a job handed to us may have one (_read_assignments).
+        self._events.put(("cancels", None))
         self._events.put(("assignments", None))
         self._events.put(("own", None))
-        self._events.put(("cancels", None))
         self.registered.set()
         logger.info("worker registered worker=%s queues=%s concurrency=%d pool=%s "
                     "prefetch=%d%s", worker_id, ",".join(self.queues) or "*",
@@ -522,9 +526,9 @@ class Worker:
                 self._paused = False
                 self._relist = True  # the server forgot our watches with the connection
                 logger.info("ZooKeeper connection resumed worker=%s", self.worker_id)
+                self._events.put(("cancels", None))  # first, as in _register
                 self._events.put(("assignments", None))
                 self._events.put(("own", None))
-                self._events.put(("cancels", None))
             with self._cond:
                 self._cond.notify_all()
 
@@ -579,6 +583,7 @@ class Worker:
             new = present - self._known
         fetch = self.store.read_statuses(sorted(new))
         ready = []
+        doomed = []
         try:
             for job_id in sorted(new):
                 try:
@@ -595,6 +600,11 @@ class Worker:
                 ready.append(_Queued((-found.record.priority, job_id), job_id, found,
                                      worker_id))
         finally:
+            # Cancelled before they reached us: never started here (after a read that
+            # failed half-way, they are read again with the rest).
+            doomed = [q for q in ready if q.job_id in self._cancels]
+            if doomed:
+                ready = [q for q in ready if q.job_id not in self._cancels]
             # All at once: a runner woken here sees the whole batch (and may take several
             # short jobs, _runner_loop), and the runners are woken once, not per job.
             if ready:
@@ -603,6 +613,8 @@ class Worker:
                         self._known.add(item.job_id)
                         heapq.heappush(self._ready, item)
                     self._cond.notify(len(ready))
+        for item in doomed:
+            self._cancel_queued(item)
 
     def _read_cancels(self) -> None:
         """Act on cancel requests for jobs this worker holds.
@@ -615,6 +627,7 @@ class Worker:
             requested = set(self.store.children(layout.cancel, watch=self._on_cancels))
         except TRANSIENT:
             return
+        self._cancels = frozenset(requested)
         with self._cond:
             mine = requested & self._known
             queued = [q for q in self._ready if q.job_id in mine]

@@ -237,8 +237,9 @@ def test_a_contender_whose_session_expired_while_it_waited_leads_once_elected(
     assert not thread.is_alive()
 
 
-def _ghost_takes_and_dies(backend, zk_client, job, *, seed_losses=0):
-    """A bare "worker" registers, is assigned `job`, starts it, and its session ends."""
+def _ghost_takes_and_dies(backend, zk_client, job, *, seed_losses=0, before_death=None):
+    """A bare "worker" registers, is assigned `job`, starts it, and its session ends
+    (after calling `before_death`, if given)."""
     layout = backend.store.layout
     ghost = KazooClient(hosts=backend.conf.hosts, timeout=4.0)
     ghost.start(timeout=10)
@@ -257,6 +258,8 @@ def _ghost_takes_and_dies(backend, zk_client, job, *, seed_losses=0):
         running = found.record.evolve(state="RUNNING", attempts=seed_losses + 1,
                                       worker_ids=("ghost",), errors=earlier)
         assert ghost_store.start("ghost", job.id, running, found.version) is not None
+        if before_death is not None:
+            before_death()
     finally:
         ghost.stop()
         ghost.close()
@@ -277,6 +280,26 @@ def test_jobs_of_a_vanished_worker_are_handed_back(backend, start_worker, zk_cli
     assert result.attempts == 2
     assert result.errors[0].exception_class_path == "zktasks.exceptions.WorkerLost"
     assert not zk_client.exists(backend.store.layout.worker_assignments("ghost"))
+
+
+def test_a_cancel_its_dead_worker_never_acted_on_still_holds(backend, start_worker,
+                                                             zk_client):
+    """Cancelled while a worker held it, and that worker died before acting on it: the
+    job handed back is failed as cancelled, never run again (it used to run to success
+    on the next worker)."""
+    leader = start_worker(name="leader", queues=["other"])
+    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 15, "a leader")
+    job = tasks.add.submit(5, 5)
+    _ghost_takes_and_dies(backend, zk_client, job,
+                          before_death=lambda: job.cancel() is False or pytest.fail("held"))
+    survivor = start_worker(name="survivor", concurrency=1)
+    result = job.wait(timeout=30)
+    assert result.status == "FAILED"
+    assert [e.exception_class_path for e in result.errors] == [
+        "zktasks.exceptions.WorkerLost", "zktasks.exceptions.JobCancelled"]
+    assert result.worker_ids == ["ghost"]  # the survivor never started it
+    assert not zk_client.get_children(backend.store.layout.worker_assignments(
+        survivor.worker_id))
 
 
 def test_job_that_keeps_losing_its_workers_is_failed_not_rerun(backend, start_worker,
