@@ -77,6 +77,7 @@ LOOKAHEAD_MAX_S = 0.05
 # holding jobs while others idled).
 MAX_STARTS = BATCH_MAX  # a batch goes to one task process in one message (run_many)
 BATCH_SPAN_S = 0.002
+TASK_AVERAGES_MAX = 1000  # tasks whose run times a worker keeps
 # Seconds between whole listings of a worker's assignments when a persistent watch tells
 # it every change (idle moments only): the leader's RECONCILE_EVERY, for the worker.
 RELIST_EVERY = 30.0
@@ -138,6 +139,10 @@ class Worker:
         # At most `concurrency` jobs execute at once, whatever the number of runners.
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self._run_avg: float | None = None  # moving average of execution time (seconds)
+        # The same, per task: a job is started early (a batch's, a lookahead runner's)
+        # only if its own task's runs were short. The worker-wide average alone would
+        # start a long task's jobs early right after short ones.
+        self._task_avg: dict[str, float] = {}
 
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cond = threading.Condition()
@@ -727,12 +732,18 @@ class Worker:
         average = self._run_avg
         return average is not None and average <= LOOKAHEAD_MAX_S
 
+    def _short_task(self, item: _Queued) -> bool:
+        """Whether the job's task ran short lately (unknown tasks are not)."""
+        average = self._task_avg.get(item.found.record.task)
+        return average is not None and average <= LOOKAHEAD_MAX_S
+
     def _runner_loop(self, lookahead: bool = False) -> None:
         while True:
             with self._cond:
                 while not self._stopping.is_set() and (
                     not self._ready or self._paused or self._draining
-                    or (lookahead and not self._short_jobs())
+                    or (lookahead and not (self._short_jobs()
+                                           and self._short_task(self._ready[0])))
                 ):
                     if self._draining and not self._ready:
                         break
@@ -745,9 +756,13 @@ class Worker:
                     return
                 items = [heapq.heappop(self._ready)]
                 extra = min(len(self._ready) - self._idle_runners, self._batch_size() - 1)
+                if not self._short_task(items[0]):
+                    extra = 0  # the batch would wait behind it
                 for _ in range(extra):
+                    if not self._short_task(self._ready[0]):
+                        break  # it would show RUNNING while the batch ahead of it runs
                     items.append(heapq.heappop(self._ready))
-                if extra > 0:
+                if len(items) > 1:
                     self.batched_starts += len(items)
                 for item in items:
                     self._running[item.job_id] = item.worker_id
@@ -909,6 +924,11 @@ class Worker:
         running, call = run.running, run.call
         average = self._run_avg  # runners race here: an approximate average is enough
         self._run_avg = average = took if average is None else 0.8 * average + 0.2 * took
+        task_avg = self._task_avg
+        before = task_avg.get(running.task)
+        if before is None and len(task_avg) >= TASK_AVERAGES_MAX:
+            task_avg.clear()  # many distinct tasks (by-value lambdas): start over
+        task_avg[running.task] = took if before is None else 0.8 * before + 0.2 * took
         if (not self._prefetch_posted
                 and self._prefetch.wanted(average, time.monotonic()) is not None):
             self._prefetch_posted = True

@@ -2,6 +2,7 @@
 result, with every transition checked in the tree."""
 
 import functools
+import itertools
 import os
 from collections import Counter
 from datetime import timedelta
@@ -199,12 +200,29 @@ def test_a_runner_starts_a_batch_of_short_jobs_together_and_runs_each_once(
     assert worker.batched_starts > 0
 
 
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_long_task_after_short_ones_is_not_started_early(backend, start_worker, tmp_path,
+                                                           pool):
+    """The worker-wide average says jobs are short (no-ops ran), but this task's own
+    runs are unknown: its jobs are not started in a batch or by a lookahead runner, so
+    none shows RUNNING while another runs (or is drained as if it had started)."""
+    worker = start_worker(concurrency=1, prefetch=16, pool=pool)
+    worker._run_avg = 0.0001  # as after a run of no-ops
+    jobs = tasks.sleep_then_return.submit_many(
+        [((str(tmp_path), 0.3, n), {}) for n in range(3)])
+    done = sorted((job.wait(timeout=60) for job in jobs), key=lambda job: job.started_at)
+    for before, after in itertools.pairwise(done):
+        assert after.started_at >= before.finished_at
+    assert worker.batched_starts == 0
+
+
 def test_a_batch_of_short_jobs_goes_to_one_task_process_and_each_runs_once(
         backend, start_worker, tmp_path):
     """With task processes a runner's batch goes to one of them in one hand-off
     (ProcessRunner.run_many): every job runs exactly once, there, after its start."""
     worker = start_worker(concurrency=1, prefetch=16, pool="process")
     worker._run_avg = 0.0001  # jobs known to be short, as after a run of no-ops
+    worker._task_avg["tests.tasks.mark"] = 0.0001
     jobs = tasks.mark.submit_many([((str(tmp_path), n), {}) for n in range(40)])
     done = [job.wait(timeout=60) for job in jobs]
     assert [job.return_value for job in done] == list(range(40))
