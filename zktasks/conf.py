@@ -1,5 +1,6 @@
 """Parse and validate a ZooKeeperBackend's OPTIONS; nothing here is read at import time."""
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -88,11 +89,13 @@ class Options:
             raise ConfigurationError(
                 f"{where}['SIGNING_KEY'] is empty and so is SECRET_KEY; payloads must be signed."
             )
-        max_record = int(raw.get("MAX_RECORD_BYTES", DEFAULT_MAX_RECORD_BYTES))
-        if not 10_000 <= max_record <= 0xFFFFF:
+        max_record = _whole(raw.get("MAX_RECORD_BYTES", DEFAULT_MAX_RECORD_BYTES))
+        if max_record is None or not 10_000 <= max_record <= 0xFFFFF:
             raise ConfigurationError(
-                f"{where}['MAX_RECORD_BYTES'] is {max_record!r}; keep it between 10000 and "
-                f"{0xFFFFF} (ZooKeeper's default jute.maxbuffer)."
+                f"{where}['MAX_RECORD_BYTES'] is "
+                f"{raw.get('MAX_RECORD_BYTES', DEFAULT_MAX_RECORD_BYTES)!r}; give a whole "
+                f"number of bytes between 10000 and {0xFFFFF} (ZooKeeper's default "
+                "jute.maxbuffer)."
             )
         dead_letter_ttl = raw.get("DEAD_LETTER_TTL", 30 * 86400)
         if dead_letter_ttl is not None:
@@ -113,7 +116,9 @@ class Options:
             root=root,
             session_timeout=float(session_timeout),
             connect_timeout=float(connect_timeout),
-            result_ttl=int(result_ttl),
+            # Whole seconds, rounded up like a task's own result_ttl (tree.ttl_seconds):
+            # a result is never dropped before its TTL, and 0.5 does not become 0.
+            result_ttl=math.ceil(result_ttl),
             auth=auth,
             signing_key=str(signing_key),
             max_record_bytes=max_record,
@@ -123,6 +128,20 @@ class Options:
 
 
 def _positive(value, where, key):
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigurationError(f"{where}[{key!r}] is {value!r}; give a positive number.")
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(
+            f"{where}[{key!r}] is {value!r}; give a finite positive number of seconds.")
     return value
+
+
+def _whole(value) -> int | None:
+    """An int, or the digits of one in a string (settings read from the environment);
+    None for anything else (a float, a bool, None, other text)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdecimal():
+        return int(value.strip())
+    return None

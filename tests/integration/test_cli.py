@@ -3,6 +3,8 @@
 import io
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 
@@ -11,9 +13,9 @@ from django.core.management import CommandError, call_command
 from django.tasks import TaskResultStatus
 
 from tests import tasks
-from tests.conftest import REPO, zk_tasks_setting
+from tests.conftest import REPO, use_zookeeper, zk_tasks_setting
 from tests.dashboard.test_deadletters import parked_job, plant
-from tests.waiting import wait_until
+from tests.waiting import wait_for_children, wait_until
 from zktasks.testing import free_port
 
 
@@ -227,3 +229,182 @@ def test_help_lists_the_actions():
     purge = subprocess.run([sys.executable, "-m", "django", "zktasks", "purge", "--help"],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert purge.returncode == 0 and "--older-than SECONDS" in purge.stdout
+
+
+# -- the command line itself ----------------------------------------------------------------
+
+
+def zktasks_and_stderr(*args) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    call_command("zktasks", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def django_admin(*args, settings="tests.settings", timeout=120):
+    """Run `python -m django ARGS` as a shell would: argv parsed by Django itself."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": settings}
+    return subprocess.run([sys.executable, "-m", "django", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def settings_module(tmp_path, monkeypatch):
+    """Write a settings module over tests.settings for subprocesses; return its name."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        filter(None, [str(tmp_path), str(REPO), os.environ.get("PYTHONPATH")])))
+
+    def write(body: str) -> str:
+        name = f"cli_settings_{len(list(tmp_path.glob('cli_settings_*.py')))}"
+        (tmp_path / f"{name}.py").write_text(
+            "from tests.settings import *  # noqa: F403\n" + body)
+        return name
+    return write
+
+
+def test_options_work_before_and_after_the_action(backend):
+    tasks.add.submit(1, 1)
+    assert json.loads(zktasks("--json", "status"))["totals"]["pending"] == 1
+    assert json.loads(zktasks("status", "-v", "2", "--json"))["totals"]["pending"] == 1
+    assert json.loads(zktasks("--backend", "nope", "pending", "--backend", "default",
+                              "--json"))["total"] == 1
+    with pytest.raises(CommandError, match="No task backend 'nope'"):
+        zktasks("--backend", "nope", "status")
+    # As a shell passes them: Django's own options after the action too.
+    done = django_admin("zktasks", "status", "--settings", "tests.settings", "-v", "2",
+                        "--traceback", "--no-color", "--skip-checks", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["totals"]["pending"] == 1
+    before = django_admin("zktasks", "--json", "--verbosity", "0", "pending", "--limit", "1")
+    assert before.returncode == 0, before.stderr
+    assert json.loads(before.stdout)["total"] == 1
+
+
+def test_a_root_that_does_not_exist_is_said_on_stderr(backend, zk_client):
+    assert zk_client.exists(backend.conf.root) is None  # a fresh root: nobody used it
+    out, err = zktasks_and_stderr("status", "--json")
+    assert json.loads(out)["root_exists"] is False
+    assert f"ROOT {backend.conf.root!r} does not exist in ZooKeeper" in err
+    for args in (("jobs",), ("pending",), ("dead-letters", "--json")):
+        out, err = zktasks_and_stderr(*args)
+        assert "does not exist in ZooKeeper" in err, args
+    json.loads(out)  # stdout stays JSON
+    tasks.add.submit(1, 1)
+    out, err = zktasks_and_stderr("status", "--json")
+    assert json.loads(out)["root_exists"] is True and err == ""
+    assert zktasks_and_stderr("pending")[1] == ""
+
+
+def test_pending_refuses_a_queue_neither_configured_nor_used(settings, monkeypatch, zk_hosts,
+                                                            zk_root):
+    use_zookeeper(settings, monkeypatch, zk_hosts, zk_root, queues=["default", "emails"])
+    with pytest.raises(CommandError, match=r"Queue 'nosuch' is not in .*QUEUES"):
+        zktasks("pending", "nosuch")
+    with pytest.raises(CommandError, match="'a/b' is not a valid queue name"):
+        zktasks("pending", "a/b")
+    job = tasks.email.submit("ada@example.com")
+    # Dropped from QUEUES while it still holds jobs: they can be found.
+    use_zookeeper(settings, monkeypatch, zk_hosts, zk_root, queues=["default"])
+    assert [r["id"] for r in json.loads(zktasks("pending", "emails", "--json"))["rows"]] \
+        == [job.id]
+
+
+def test_pending_paging_hint_offers_only_the_cursor(backend):
+    jobs = [tasks.email.submit(f"{i}@example.com") for i in range(3)]
+    text = zktasks("pending", "emails", "--limit", "2")
+    [hint] = [line for line in text.splitlines() if line.startswith("more:")]
+    cursor = hint.removeprefix("more: add --after ")
+    assert " " not in cursor  # no "(looked at 0 to find these)"
+    rest = json.loads(zktasks("pending", "emails", "--after", cursor, "--json"))
+    assert [r["id"] for r in rest["rows"]] == [jobs[2].id]
+
+
+def test_bad_cursors_are_refused(backend):
+    with pytest.raises(CommandError, match="'garbage' is not a cursor of `jobs`"):
+        zktasks("jobs", "--after", "garbage")
+    with pytest.raises(CommandError, match="'garbage' is not a cursor of `pending`"):
+        zktasks("pending", "--after", "garbage")
+    with pytest.raises(CommandError, match="is not a cursor of `pending`"):
+        zktasks("pending", "--after", f"1700000000000/{'0' * 32}")  # a jobs cursor
+
+
+@pytest.mark.parametrize("value,match", [
+    ("inf", "not a finite number"), ("nan", "not a finite number"),
+    ("1e30", "more than 100 years"), ("1e11", "more than 100 years"),
+    ("-1", "must not be negative"), ("soon", "not a number of seconds"),
+])
+def test_absurd_durations_are_refused(value, match):
+    with pytest.raises(CommandError, match=match):
+        zktasks("purge", "--older-than", value, "--yes")
+    with pytest.raises(CommandError, match=match):
+        call_command("runworker", "--drain-timeout", value)
+
+
+def test_runworker_refuses_a_name_that_is_no_znode_name():
+    for name in ("a/b", ".hidden", "", "x" * 101):
+        with pytest.raises(CommandError, match="is not a valid worker name"):
+            call_command("runworker", "--name", name)
+    done = django_admin("runworker", "--name", "a/b")
+    assert done.returncode == 2 and "NoNodeError" not in done.stderr
+    assert "argument --name: 'a/b' is not a valid worker name" in done.stderr
+
+
+def test_job_ids_in_upper_case_and_not_found_messages(backend):
+    job = tasks.add.submit(1, 1)
+    assert f"job:       {job.id}" in zktasks("show", job.id.upper())
+    for action in ("show", "retry", "cancel"):
+        with pytest.raises(CommandError, match=r"No job has the id '0{32}' \(expired") as info:
+            zktasks(action, "0" * 32)
+        assert ".." not in str(info.value) and "'. (" not in str(info.value)
+
+
+def test_an_unreachable_ensemble_is_said_in_shell_words(settings):
+    hosts = f"127.0.0.1:{free_port()}"
+    settings.TASKS = zk_tasks_setting(hosts, "/zktasks-nowhere", CONNECT_TIMEOUT=1.0)
+    for args in (("status",), ("show", "0" * 32), ("jobs",), ("pending",),
+                 ("dead-letters",)):
+        with pytest.raises(CommandError) as info:
+            zktasks(*args)
+        message = str(info.value)
+        assert f"ZooKeeper at {hosts!r} did not answer within 1 s" in message, args
+        assert "check TASKS['default']['OPTIONS']['HOSTS']" in message
+        assert "this page" not in message
+
+
+def test_kazoo_stays_quiet_in_the_shell_unless_asked(settings_module):
+    hosts = f"127.0.0.1:{free_port()}"
+    name = settings_module(
+        f"TASKS = {zk_tasks_setting(hosts, '/zktasks-nowhere', CONNECT_TIMEOUT=1.0)!r}\n")
+    quiet = django_admin("zktasks", "status", settings=name)
+    assert quiet.returncode == 1 and "did not answer within 1 s" in quiet.stderr
+    assert "Connection dropped" not in quiet.stderr, quiet.stderr
+    loud = django_admin("zktasks", "status", "-v", "2", settings=name)
+    assert loud.returncode == 1 and "Connection dropped" in loud.stderr
+
+
+def test_runworker_without_logging_settings_formats_kazoo_lines(settings_module):
+    hosts = f"127.0.0.1:{free_port()}"
+    name = settings_module(
+        "LOGGING = {}\n"
+        f"TASKS = {zk_tasks_setting(hosts, '/zktasks-nowhere', CONNECT_TIMEOUT=1.0)!r}\n")
+    done = django_admin("runworker", "--pool", "thread", settings=name)
+    assert done.returncode == 1 and "Could not connect to ZooKeeper" in done.stderr
+    kazoo = [line for line in done.stderr.splitlines() if "kazoo" in line
+             or line.startswith("Connection dropped")]
+    assert kazoo, done.stderr
+    for line in kazoo:
+        assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING kazoo\.", line), line
+
+
+def test_runworker_keeps_the_projects_log_level(backend, runworker, zk_client, monkeypatch):
+    # tests.settings' LOGGING reads the zktasks level from ZKTASKS_LOG_LEVEL; the fixture
+    # passes -v 2, which used to force INFO over it.
+    monkeypatch.setenv("ZKTASKS_LOG_LEVEL", "WARNING")
+    proc = runworker("--pool", "thread", "--concurrency", "1", name="quiet")
+    wait_for_children(zk_client, backend.store.layout.workers, lambda c: len(c) == 1, 60)
+    assert tasks.add.submit(2, 3).wait(timeout=60).return_value == 5
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    log = proc.log_path.read_text()
+    assert "zktasks worker stopped" in log  # the command's own lines still go out
+    for info in ("worker registered", "leader elected", "job started", "job succeeded"):
+        assert info not in log, log

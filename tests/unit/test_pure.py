@@ -277,3 +277,110 @@ def test_loads_reads_standard_and_dill_pickles_alike():
     assert serialization.loads(pickle.dumps(plain)) == plain
     square = eval("lambda x: x * x")  # noqa: S307 - a function only dill pickles by value
     assert serialization.loads(dill.dumps(square, recurse=True))(7) == 49
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"MAX_RECORD_BYTES": "abc"}, r"MAX_RECORD_BYTES'\] is 'abc'; give a whole number"),
+    ({"MAX_RECORD_BYTES": None}, r"MAX_RECORD_BYTES'\] is None; give a whole number"),
+    ({"MAX_RECORD_BYTES": 500_000.5}, "MAX_RECORD_BYTES"),
+    ({"MAX_RECORD_BYTES": True}, "MAX_RECORD_BYTES"),
+    ({"CONNECT_TIMEOUT": float("nan")}, r"CONNECT_TIMEOUT'\] is nan; give a finite positive"),
+    ({"SESSION_TIMEOUT": float("inf")}, r"SESSION_TIMEOUT'\] is inf; give a finite positive"),
+    ({"RESULT_TTL": float("inf")}, "RESULT_TTL"),
+    ({"DEAD_LETTER_TTL": float("nan")}, "DEAD_LETTER_TTL"),
+])
+def test_options_refuse_non_numbers_and_non_finite_numbers(options, match):
+    with pytest.raises(ConfigurationError, match=match):
+        Options.from_params("default", {"OPTIONS": options})
+
+
+def test_options_keep_fractional_result_ttl_and_numeric_strings():
+    def parse(**options):
+        return Options.from_params("default", {"OPTIONS": options})
+
+    assert parse(RESULT_TTL=0.5).result_ttl == 1  # rounded up, never to 0
+    assert parse(RESULT_TTL=90.2).result_ttl == 91
+    assert parse(MAX_RECORD_BYTES="500000").max_record_bytes == 500_000  # from os.environ
+
+
+def test_system_check_reports_a_non_numeric_max_record_bytes(settings):
+    from django.core import checks
+
+    settings.TASKS = {"default": {"BACKEND": "zktasks.backend.ZooKeeperBackend",
+                                  "OPTIONS": {"MAX_RECORD_BYTES": "abc"}}}
+    errors = [e for e in checks.run_checks() if e.id.startswith("zktasks")]
+    assert [e.id for e in errors] == ["zktasks.E001"]
+    assert "MAX_RECORD_BYTES" in errors[0].msg
+
+
+def test_seconds_refuse_non_finite_and_absurd_durations():
+    import argparse
+
+    from zktasks.management.commands._common import MAX_SECONDS, seconds
+
+    assert seconds("0") == 0 and seconds("2.5") == 2.5 and seconds(str(MAX_SECONDS))
+    for bad in ("inf", "-inf", "nan", "1e11", "1e30", "-1", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seconds(bad)
+
+
+@pytest.fixture
+def bare_logging():
+    """Run runworker's logging set-up as in a project without LOGGING: pytest's capture
+    handlers on the root logger put aside meanwhile; zktasks and kazoo restored after."""
+    import logging
+
+    from zktasks.management.commands.runworker import Command
+
+    root = logging.getLogger()
+    saved = {}
+    for name in ("zktasks", "kazoo"):
+        logger = logging.getLogger(name)
+        saved[name] = (logger.level, list(logger.handlers))
+        logger.setLevel(logging.NOTSET)
+        logger.handlers = []
+
+    def configure(verbosity: int) -> None:
+        # pytest adds its handlers to the root logger at the start of each test phase.
+        kept, root.handlers = root.handlers, []
+        try:
+            Command()._configure_logging(verbosity)
+        finally:
+            root.handlers = kept
+
+    yield configure
+    for name, (level, handlers) in saved.items():
+        logger = logging.getLogger(name)
+        for handler in logger.handlers:
+            if handler not in handlers:
+                handler.close()
+        logger.setLevel(level)
+        logger.handlers = handlers
+
+
+@pytest.mark.parametrize("verbosity,zktasks_level,kazoo_level", [
+    (0, "WARNING", "WARNING"), (1, "INFO", "WARNING"), (2, "DEBUG", "WARNING"),
+    (3, "DEBUG", "INFO"),
+])
+def test_runworker_logs_by_verbosity_when_the_project_configures_none(
+        bare_logging, verbosity, zktasks_level, kazoo_level):
+    import logging
+
+    bare_logging(verbosity)
+    zk, kazoo = logging.getLogger("zktasks"), logging.getLogger("kazoo")
+    assert logging.getLevelName(zk.level) == zktasks_level
+    assert logging.getLevelName(kazoo.level) == kazoo_level
+    # One timestamped handler for both: kazoo's lines no longer go out bare.
+    assert zk.handlers == kazoo.handlers and len(zk.handlers) == 1
+    assert "%(asctime)s %(levelname)s" in zk.handlers[0].formatter._fmt
+
+
+def test_runworker_leaves_a_configured_logger_alone(bare_logging):
+    import logging
+
+    zk = logging.getLogger("zktasks")
+    zk.setLevel(logging.WARNING)  # as LOGGING = {"loggers": {"zktasks": ...}} does
+    bare_logging(2)
+    assert zk.level == logging.WARNING and zk.handlers == []
+    kazoo = logging.getLogger("kazoo")  # not configured: still gets formatted lines
+    assert kazoo.level == logging.WARNING and len(kazoo.handlers) == 1

@@ -3,18 +3,28 @@
 import argparse
 import logging
 import signal
-import sys
 import threading
 
 from django.core.management.base import BaseCommand, CommandError
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
 
 from zktasks.exceptions import ZkTasksError
-from zktasks.tree import QUEUE_RE
 
-from ._common import seconds, whole_number, zk_backend
+from ._common import (
+    configured,
+    seconds,
+    stderr_handler,
+    whole_number,
+    zk_backend,
+    znode_name,
+)
 
-_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
+# -v when the project's logging leaves the zktasks logger alone: 1 (the default) says who
+# leads, what was assigned to whom, what ran and how it ended; 2 adds the DEBUG lines
+# (refused batches, failed clean-ups); 3 adds kazoo's INFO lines (its connections).
+_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+_queue_name = znode_name("queue name")
 
 
 def _queues(value: str) -> list[str]:
@@ -23,12 +33,7 @@ def _queues(value: str) -> list[str]:
         raise argparse.ArgumentTypeError(
             f"{value!r} has an empty queue name; give names separated by commas, "
             "e.g. default,emails")
-    for name in names:
-        if not QUEUE_RE.match(name):
-            raise argparse.ArgumentTypeError(
-                f"{name!r} is not a valid queue name (letters, digits, '_', '-', '.')"
-            )
-    return names
+    return [_queue_name(name) for name in names]
 
 
 class Command(BaseCommand):
@@ -49,8 +54,9 @@ class Command(BaseCommand):
                                  "enforces time limits) or in threads (I/O-bound work)")
         parser.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS,
                             help="alias of the ZooKeeperBackend in TASKS (default: %(default)s)")
-        parser.add_argument("--name", default=None,
-                            help="worker name prefix shown in the dashboard (default: host-pid)")
+        parser.add_argument("--name", type=znode_name("worker name"), default=None,
+                            help="worker name prefix shown in the dashboard: letters, digits, "
+                                 "'_', '-', '.' (default: host-pid)")
         parser.add_argument("--no-leader", action="store_true",
                             help="never lead: only run jobs")
         parser.add_argument("--prefetch", type=whole_number(0), default=None,
@@ -114,15 +120,20 @@ class Command(BaseCommand):
             signal.signal(signal.SIGINT, on_signal)
 
     def _configure_logging(self, verbosity: int) -> None:
-        level = _LEVELS.get(verbosity, logging.DEBUG)
-        logger = logging.getLogger("zktasks")
-        if not logger.handlers and not logging.getLogger().handlers:
-            from zktasks.loghandler import GroupingStreamHandler
+        """Log to stderr, at the level -v says, what the project's logging leaves alone.
 
-            handler = GroupingStreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter(
-                "%(asctime)s %(levelname)s %(name)s %(message)s"))
-            logger.addHandler(handler)
-        logger.setLevel(level)
-        if verbosity >= 3:
-            logging.getLogger("kazoo").setLevel(logging.INFO)
+        A logger the project configured (LOGGING gives it a level or handlers, or the
+        root logger has handlers) is used as it is, -v included: the project's level
+        wins. kazoo's warnings (a dropped connection, about once a second during an
+        outage) get the same timestamped lines instead of Python's bare last resort.
+        """
+        handler = None
+        zk_logger = logging.getLogger("zktasks")
+        if not configured(zk_logger):
+            handler = stderr_handler()
+            zk_logger.addHandler(handler)
+            zk_logger.setLevel(_LEVELS.get(verbosity, logging.DEBUG))
+        kazoo = logging.getLogger("kazoo")
+        if not configured(kazoo):
+            kazoo.addHandler(handler or stderr_handler())
+            kazoo.setLevel(logging.INFO if verbosity >= 3 else logging.WARNING)

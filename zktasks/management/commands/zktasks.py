@@ -9,18 +9,27 @@ refused action or an unreachable ensemble exits with status 1 and says why.
 
 import argparse
 import json
+import logging
+import re
 import sys
 from datetime import datetime, timedelta
 
 from django.core.management.base import BaseCommand, CommandError
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 
 from zktasks import dashboard, deadletter, records
 from zktasks.backend import purge_before_ms
-from zktasks.exceptions import CorruptRecord, JobNotFound, ZkTasksError
-from zktasks.tree import is_job_id
+from zktasks.exceptions import (
+    CorruptRecord,
+    JobNotFound,
+    ZkTasksError,
+    ZooKeeperUnavailableError,
+)
+from zktasks.tree import is_job_id, parse_job_node
 
-from ._common import seconds, whole_number, zk_backend
+from ._common import seconds, whole_number, zk_backend, znode_name
 
 STATES = (records.SUCCESSFUL, records.FAILED)
 
@@ -34,12 +43,30 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
+        backend_help = ("alias of the ZooKeeperBackend in TASKS (default: "
+                        f"{DEFAULT_TASK_BACKEND_ALIAS})")
+        parser.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS, help=backend_help)
+        parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+        # argparse hands everything after the action to the action's parser, so each one
+        # takes the command's options and Django's standard ones again. Their default
+        # there is SUPPRESS: an option given before the action is not overwritten.
         common = argparse.ArgumentParser(add_help=False)
-        common.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS,
-                            help="alias of the ZooKeeperBackend in TASKS (default: "
-                                 "%(default)s)")
-        common.add_argument("--json", action="store_true",
+        common.add_argument("--backend", default=argparse.SUPPRESS, help=backend_help)
+        common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                             help="print JSON instead of text")
+        common.add_argument("-v", "--verbosity", type=int, choices=[0, 1, 2, 3],
+                            default=argparse.SUPPRESS,
+                            help="2 or more also shows kazoo's warnings (default 1)")
+        common.add_argument("--settings", default=argparse.SUPPRESS,
+                            help="the settings module (default: DJANGO_SETTINGS_MODULE)")
+        common.add_argument("--pythonpath", default=argparse.SUPPRESS,
+                            help="a directory to add to the Python path")
+        for flag, help_text in (("--traceback", "show the traceback of an error"),
+                                ("--no-color", "do not colorize the output"),
+                                ("--force-color", "colorize the output"),
+                                ("--skip-checks", "skip the system checks")):
+            common.add_argument(flag, action="store_true", default=argparse.SUPPRESS,
+                                help=help_text)
         actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
         def action(name, help_text):
@@ -56,16 +83,19 @@ class Command(BaseCommand):
         jobs.add_argument("--state", choices=STATES, default=None,
                           help="only jobs that ended in this state")
         jobs.add_argument("--task", default="", help="only tasks whose path contains this")
-        jobs.add_argument("--queue", default="", help="only jobs of this queue")
+        jobs.add_argument("--queue", type=znode_name("queue name"), default=None,
+                          help="only jobs of this queue")
         pending = action("pending", "Jobs waiting in a queue, in the order the leader "
                                     "assigns them.")
         pending.add_argument("queue", nargs="?", default="default",
+                             type=znode_name("queue name"),
                              help="the queue (default: %(default)s)")
-        for listing in (jobs, pending):
+        for listing, cursor in ((jobs, _results_cursor), (pending, _pending_cursor)):
             listing.add_argument("--limit", type=whole_number(1), default=20,
                                  help="rows to list (default %(default)s)")
-            listing.add_argument("--after", default=None, metavar="CURSOR",
-                                 help="continue a listing where the previous one stopped")
+            listing.add_argument("--after", type=cursor, default=None, metavar="CURSOR",
+                                 help="continue a listing where the previous one stopped "
+                                      "(the CURSOR it printed)")
         retry = action("retry", "Send a FAILED job back to its queue for one more attempt.")
         retry.add_argument("job_id")
         cancel = action("cancel", "Cancel a job. A pending one never runs; one a worker "
@@ -97,20 +127,29 @@ class Command(BaseCommand):
         discard.add_argument("entry", help="the entry's name, as dead-letters lists it")
 
     def handle(self, *args, **options):
-        backend = zk_backend(options["backend"], "manage.py zktasks")
+        quieted = _quiet_kazoo(options["verbosity"])
         self.as_json = options["json"]
         run = getattr(self, "do_" + options["action"].replace("-", "_"))
         self._live = None
+        backend = None
         try:
+            backend = zk_backend(options["backend"], "manage.py zktasks")
             run(backend, options)
         except JobNotFound as exc:
-            raise CommandError(f"{exc} (expired, purged, or never submitted here: this is "
-                               f"ROOT {backend.conf.root!r} at {backend.conf.hosts!r}).") from exc
+            raise CommandError(f"{str(exc).rstrip('.')} (expired, purged, or never submitted "
+                               f"here: this is ROOT {backend.conf.root!r} at "
+                               f"{backend.conf.hosts!r}).") from exc
         except ZkTasksError as exc:  # unreachable ensemble, corrupt record, refused entry
             raise CommandError(str(exc)) from exc
+        except (KazooException, KazooTimeoutError) as exc:  # from dashboard.Reader's reads
+            raise CommandError(dashboard.describe(exc)) from exc
         finally:
             if self._live is not None:
                 self._live.close()
+            # From a shell the process ends here; in a long-lived process (call_command)
+            # kazoo's level goes back to what it was.
+            if quieted and not self._called_from_command_line:
+                logging.getLogger("kazoo").setLevel(logging.NOTSET)
 
     # -- output --------------------------------------------------------------------------
 
@@ -126,17 +165,44 @@ class Command(BaseCommand):
         shared one: from `call_command` in a long-lived process the shared one could
         answer from before the last change; this one reads the tree now.
         """
-        wait = backend.conf.connect_timeout + 5.0
-        client = dashboard.connect(backend.conf, wait=wait)
+        client = self.connect(backend)
         state = self._live = dashboard.LiveState(client, backend.store.layout)
-        data = state.snapshot(wait=wait)
+        data = state.snapshot(wait=backend.conf.connect_timeout + 5.0)
         if not data["ok"]:
+            if not data["connected"]:
+                raise CommandError(_unreachable(backend))
             raise CommandError(data["error"] or f"ZooKeeper at {backend.conf.hosts!r} did not "
                                                 "answer in time; try again.")
         return state, data
 
+    def connect(self, backend):
+        """This process's client, or a CommandError saying what to check.
+
+        dashboard.connect speaks to a page's reader ("this page shows the tree once it
+        answers"); a shell wants to know what to fix. It waits past CONNECT_TIMEOUT, for
+        the client's own give-up to come first.
+        """
+        try:
+            return dashboard.connect(backend.conf, wait=backend.conf.connect_timeout + 5.0)
+        except ZooKeeperUnavailableError as exc:
+            raise CommandError(_unreachable(backend)) from exc
+
+    def root_exists(self, client, backend) -> bool:
+        """Whether ROOT is in ZooKeeper; if not, say so on stderr (stdout stays JSON).
+
+        A mistyped ROOT otherwise reads as an empty, healthy cluster.
+        """
+        if client.exists(backend.conf.root) is not None:
+            return True
+        self.stderr.write(
+            f"ROOT {backend.conf.root!r} does not exist in ZooKeeper at "
+            f"{backend.conf.hosts!r}: no worker or submit has used it yet; check ROOT and "
+            f"HOSTS in TASKS[{backend.alias!r}]['OPTIONS'].")
+        return False
+
     def do_status(self, backend, options) -> None:
-        _, data = self.live(backend)
+        state, data = self.live(backend)
+        data = {**data, "root_exists": self.root_exists(state.client, backend)}
         self.emit(data, _status_text(data, backend.conf))
 
     def do_show(self, backend, options) -> None:
@@ -151,17 +217,29 @@ class Command(BaseCommand):
         self.emit(_job_data(detail), _job_text(detail))
 
     def do_jobs(self, backend, options) -> None:
-        page = self.reader(backend).results(
-            state=options["state"], task=options["task"], queue=options["queue"],
+        reader = self.reader(backend)
+        self.root_exists(reader.client, backend)
+        page = reader.results(
+            state=options["state"], task=options["task"], queue=options["queue"] or "",
             cursor=options["after"], limit=options["limit"])
-        self.emit_page(page, "finished", options, when="finished_at")
+        self.emit_page(page, "finished", when="finished_at",
+                       filtered=bool(options["task"] or options["queue"]))
 
     def do_pending(self, backend, options) -> None:
-        page = self.reader(backend).pending(options["queue"], after=options["after"],
-                                            limit=options["limit"])
-        self.emit_page(page, f"pending in {options['queue']!r}", options, when="enqueued_at")
+        queue = options["queue"]
+        reader = self.reader(backend)
+        exists = self.root_exists(reader.client, backend)
+        if backend.queues and queue not in backend.queues \
+                and not (exists and queue in reader.queues()):
+            # Not configured and never used: a typo. (A queue dropped from QUEUES that
+            # still holds jobs is listed, so that they can be found.)
+            raise CommandError(
+                f"Queue {queue!r} is not in TASKS[{backend.alias!r}]['QUEUES'] "
+                f"({sorted(backend.queues)!r}) and holds no jobs; give one of those.")
+        page = reader.pending(queue, after=options["after"], limit=options["limit"])
+        self.emit_page(page, f"pending in {queue!r}", when="enqueued_at", filtered=False)
 
-    def emit_page(self, page, what: str, options, *, when: str) -> None:
+    def emit_page(self, page, what: str, *, when: str, filtered: bool) -> None:
         rows = [{"id": r.id, "state": r.state, "task": r.task, "queue": r.queue,
                  "priority": r.priority, when: getattr(r, when), "attempts": r.attempts,
                  "worker": r.worker, "error": r.error} for r in page.rows]
@@ -174,13 +252,12 @@ class Command(BaseCommand):
         if page.next_cursor:
             lines.append(f"more: add --after {page.next_cursor}"
                          + (f" (looked at {page.scanned:,} to find these)"
-                            if options.get("task") or options.get("queue") else ""))
+                            if filtered else ""))
         self.emit({"rows": rows, "next_cursor": page.next_cursor, "total": page.total},
                   "\n".join(lines))
 
     def reader(self, backend) -> dashboard.Reader:
-        return dashboard.Reader(backend, dashboard.connect(
-            backend.conf, wait=backend.conf.connect_timeout))
+        return dashboard.Reader(backend, self.connect(backend))
 
     # -- acting --------------------------------------------------------------------------
 
@@ -238,6 +315,7 @@ class Command(BaseCommand):
                   "ones and exits.")
 
     def do_dead_letters(self, backend, options) -> None:
+        self.root_exists(self.connect(backend), backend)
         letters = backend.dead_letters(options["limit"])
         rows = [{"name": e.name, "at": e.at, "kind": e.kind, "job_id": e.job_id,
                  "by": e.by, "reason": e.reason or e.unreadable, "size": e.size}
@@ -268,11 +346,54 @@ class Command(BaseCommand):
 # -- helpers --------------------------------------------------------------------------------
 
 
+def _quiet_kazoo(verbosity: int) -> bool:
+    """Keep kazoo's warnings off stderr below -v 2, unless the project set its level.
+
+    Against a down ensemble kazoo warns several times a second while the command waits
+    ("Connection dropped: ..."), bare through Python's last-resort handler; the command
+    then says in one line what is wrong.
+    """
+    kazoo = logging.getLogger("kazoo")
+    if verbosity >= 2 or kazoo.level != logging.NOTSET:
+        return False
+    kazoo.setLevel(logging.ERROR)
+    return True
+
+
+def _unreachable(backend) -> str:
+    conf = backend.conf
+    return (f"ZooKeeper at {conf.hosts!r} did not answer within {conf.connect_timeout:g} s "
+            f"(CONNECT_TIMEOUT); check TASKS[{backend.alias!r}]['OPTIONS']['HOSTS'] and that "
+            "the ensemble is up.")
+
+
+_RESULTS_CURSOR_RE = re.compile(r"[0-9]{13}/[0-9a-f]{32}")
+
+
+def _results_cursor(value: str) -> str:
+    """An argparse type: where `jobs` stopped (a bucket's start and a job id)."""
+    if not _RESULTS_CURSOR_RE.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a cursor of `jobs` (13 digits, '/', a job id); give the one "
+            "its last page printed after 'more: add --after'")
+    return value
+
+
+def _pending_cursor(value: str) -> str:
+    """An argparse type: where `pending` stopped (a pending job's node name)."""
+    if parse_job_node(value) is None:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a cursor of `pending` (3 digits, '-', a job id); give the "
+            "one its last page printed after 'more: add --after'")
+    return value
+
+
 def _job_id(value: str) -> str:
-    if not is_job_id(value):
+    job_id = value.strip().lower()
+    if not is_job_id(job_id):
         raise CommandError(f"{value!r} is not a job id (32 hexadecimal characters, as "
                            "submit() returns and the dashboard shows).")
-    return value
+    return job_id
 
 
 def _state(backend, job_id: str) -> str:
