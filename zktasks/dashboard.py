@@ -636,10 +636,16 @@ class Reader:
             args_note = ("The arguments could not be loaded in the web process (the task's "
                          "code is not importable here); the worker loads them.")
         if record.state == records.SUCCESSFUL and not result_note:
+            # get_result() leaves a value it cannot load to raise here (UnloadableValue).
             try:
                 value = short_repr(result.return_value)
-            except Exception as exc:
-                result_note = f"Not shown: {type(exc).__name__}."
+            except PayloadVerificationError as exc:
+                result_note = f"Not shown: {exc}"
+            except Exception as exc:  # a verified value whose class is not importable here
+                cause = exc.__cause__ or exc
+                result_note = (f"Not shown: the return value could not be loaded in the web "
+                               f"process ({type(cause).__name__}: "
+                               f"{short_repr(str(cause), 300)}).")
         return args, args_note, value, result_note
 
     def _places(self, record: StatusRecord) -> list[tuple[str, str]]:
