@@ -19,7 +19,7 @@ from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.inspect import get_func_args
-from kazoo.exceptions import NodeExistsError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from . import envelope, records, serialization
 from .client import get_client
@@ -518,6 +518,14 @@ class ZooKeeperBackend(BaseTaskBackend):
             changes["extra"] = {**record.extra,
                                 "requeued": [*record.extra.get("requeued", []), note]}
         again = record.evolve(**changes)
+        # A cancel request still standing from an earlier run is answered: the job is
+        # wanted again, and a worker fails a job handed to it that has one. Deleted
+        # before the multi, and NoNode is fine: after a crash in between, the job is
+        # only where it was, without a request it no longer needs.
+        try:
+            store.retry(store.client.delete, store.layout.cancel_request(record.id))
+        except NoNodeError:
+            pass
         index = store.find_index_entry(record) if failed else None
         store.ensure_queue(record.queue)
         waiting = store.waiting_path(again)

@@ -121,6 +121,26 @@ def test_an_async_task_sees_cancel_requested(backend, start_worker, tmp_path, po
     assert "stopped on request" in job.errors[-1].traceback
 
 
+def test_a_retried_cancelled_job_runs_again(backend, start_worker, zk_client, tmp_path):
+    """retry() answers the cancel request of the run it retries: the request must not
+    cancel the new attempt (workers fail a job handed to them with a standing request)."""
+    start_worker(concurrency=1)
+    marker = tmp_path / "started"
+    job = tasks.until_cancelled.submit(str(marker))
+    wait_until(marker.exists, 30, "the task to start")
+    assert job.cancel() is False
+    assert job.wait(timeout=30).status == TaskResultStatus.FAILED
+    marker.unlink()
+    assert backend.retry(job.id) is True
+    assert not zk_client.exists(backend.store.layout.cancel_request(job.id))
+    wait_until(marker.exists, 30, "the retried attempt to start")
+    job.refresh()
+    assert job.status == TaskResultStatus.RUNNING and job.attempts == 2
+    assert job.cancel() is False  # and it can be cancelled again
+    assert job.wait(timeout=30).errors[-1].exception_class_path == (
+        "zktasks.exceptions.JobCancelled")
+
+
 def test_invalid_retry_options_are_refused(backend):
     from zktasks import zk_task
 
