@@ -344,11 +344,9 @@ class ZooKeeperBackend(BaseTaskBackend):
         except InvalidTask:
             # The settings changed since (queue removed from QUEUES): the record still
             # stands, so describe it as it was submitted, without validating again.
-            task = object.__new__(self.task_class)
-            for item in dataclasses.fields(self.task_class):
-                value = fields.get(item.name, item.default)
-                object.__setattr__(task, item.name, value)
-            return task
+            return serialization.unvalidated_task(self.task_class, {
+                item.name: fields.get(item.name, item.default)
+                for item in dataclasses.fields(self.task_class)})
 
     def wait(self, job_id: str, timeout: float | None = None):
         """Block on the job's own status znode (rule 7: no herd) until it finishes."""

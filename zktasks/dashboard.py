@@ -622,21 +622,14 @@ class Reader:
     def _call_and_value(self, record: StatusRecord) -> tuple[str, str, str, str]:
         backend = self.backend
         args_note = result_note = value = ""
-        try:
-            result = backend.get_result(record.id)
-        except PayloadVerificationError as exc:
-            result_note = f"Not shown: {exc}"
-            result = backend.build_result(record.evolve(result=None))
-        except Exception as exc:  # a verified value whose class is not importable here
-            result_note = (f"Not shown: the return value could not be loaded in the web "
-                           f"process ({type(exc).__name__}: {short_repr(str(exc), 300)}).")
-            result = backend.build_result(record.evolve(result=None))
+        # From the record this page read (not a second read of it): build_result never
+        # raises for what it cannot load; a return value it could not load raises below.
+        result = backend.build_result(record)
         args = call_repr(result.args, result.kwargs)
         if not result.args and not result.kwargs and record.args_repr:
             args_note = ("The arguments could not be loaded in the web process (the task's "
                          "code is not importable here); the worker loads them.")
-        if record.state == records.SUCCESSFUL and not result_note:
-            # get_result() leaves a value it cannot load to raise here (UnloadableValue).
+        if record.state == records.SUCCESSFUL:
             try:
                 value = short_repr(result.return_value)
             except PayloadVerificationError as exc:

@@ -157,12 +157,15 @@ class _task_around:  # noqa: N801 (a pickling stand-in, used like a function)
         self.values["func"] = func
 
     def __reduce__(self):
-        return _rebuild_task, (self.task_class, self.values)
+        return unvalidated_task, (self.task_class, self.values)
 
 
-def _rebuild_task(task_class, values) -> Task:
-    # Not task_class(**values): its __post_init__ validates the task against this
-    # process's backend settings, and the task was valid where it was submitted.
+def unvalidated_task(task_class, values) -> Task:
+    """A task of `task_class` with `values` as its fields.
+
+    Not task_class(**values): its __post_init__ validates the task against this
+    process's backend settings, and the task was valid where it was submitted.
+    """
     task = object.__new__(task_class)
     for name, value in values.items():
         object.__setattr__(task, name, value)

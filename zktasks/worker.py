@@ -588,7 +588,6 @@ class Worker:
             new = present - self._known
         fetch = self.store.read_statuses(sorted(new))
         ready = []
-        doomed = []
         try:
             for job_id in sorted(new):
                 try:
