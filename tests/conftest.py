@@ -80,8 +80,8 @@ def runworker(zk_settings, tmp_path):
     """Start `manage.py runworker` subprocesses with the test's settings."""
     procs = []
 
-    def start(*args, name=None, settings="tests.settings"):
-        env = dict(os.environ)
+    def start(*args, name=None, settings="tests.settings", env=None):
+        env = {**os.environ, **(env or {})}
         env["DJANGO_SETTINGS_MODULE"] = settings
         env.setdefault("ZKTASKS_LOG_LEVEL", "INFO")
         log = tmp_path / f"worker-{len(procs)}.log"

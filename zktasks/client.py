@@ -10,6 +10,7 @@ name.
 import logging
 import os
 import threading
+import time
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
@@ -49,10 +50,20 @@ def new_client(options: Options) -> KazooClient:
     return client
 
 
-def start(client: KazooClient, options: Options) -> KazooClient:
-    """Start `client`, raising a clear error if ZooKeeper does not answer in time."""
+def start(client: KazooClient, options: Options,
+          abort: threading.Event | None = None) -> KazooClient | None:
+    """Start `client`, raising a clear error if ZooKeeper does not answer in time.
+
+    With `abort`, return None (the client closed) once it is set: kazoo's start() waits
+    out its whole timeout, and a worker asked to stop meanwhile should not.
+    """
     try:
-        client.start(timeout=options.connect_timeout)
+        if abort is None:
+            client.start(timeout=options.connect_timeout)
+        elif not _start_unless(client, options.connect_timeout, abort):
+            client.stop()
+            client.close()
+            return None
     except KazooTimeoutError as exc:
         client.stop()
         client.close()
@@ -62,6 +73,20 @@ def start(client: KazooClient, options: Options) -> KazooClient:
             f"TASKS[{options.alias!r}]['OPTIONS']['HOSTS']."
         ) from exc
     return client
+
+
+def _start_unless(client: KazooClient, timeout: float, abort: threading.Event) -> bool:
+    """kazoo's start(), waiting in short steps; False if `abort` was set first."""
+    connected = client.start_async()
+    deadline = time.monotonic() + timeout
+    while not connected.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
+        if abort.is_set():
+            return False
+        if time.monotonic() >= deadline:
+            break
+    if not client.connected:
+        raise client.handler.timeout_exception("Connection time-out")
+    return True
 
 
 def get_client(options: Options) -> KazooClient:

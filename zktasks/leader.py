@@ -33,7 +33,7 @@ from kazoo.protocol.states import EventType, KazooState
 from . import deadletter, records
 from .exceptions import CorruptRecord, ZooKeeperUnavailableError
 from .handler import inline_watch
-from .store import TRANSIENT, Store, failures
+from .store import MAX_WORKER_LOSSES, TRANSIENT, Store, failures
 from .tree import (
     delayed_shards,
     is_delayed_shard,
@@ -679,7 +679,11 @@ class Leader:
             if owner in self.workers or self.client.exists(self.layout.worker(owner)):
                 continue
             parent = self.layout.worker_assignments(owner)
-            for job_id in self.store.children(parent):
+            jobs = self.store.children(parent)
+            if jobs:
+                logger.warning("worker vanished worker=%s jobs=%d: handing its jobs back",
+                               owner, len(jobs))
+            for job_id in jobs:
                 self._requeue(owner, job_id)
             try:
                 self.client.delete(parent)
@@ -713,15 +717,19 @@ class Leader:
                                  reason=f"Job {job_id} of vanished worker {owner!r} has no "
                                         "status record.")
                 return
-        results = self.store.requeue(self.fence, owner, job_id, queue, node, status)
+        results, final = self.store.requeue(self.fence, owner, job_id, queue, node, status)
         failed = failures(results)
         if failed:
             self._raise_if_fence(failed)
             logger.info("requeue skipped job=%s from=%s reason=%s", job_id, owner, failed)
             self.mark("*")
             return
-        logger.warning("job of a vanished worker handled job=%s from=%s (handed back, or "
-                       "failed after too many lost workers)", job_id, owner)
+        if final:
+            logger.error("job failed: its workers kept vanishing job=%s from=%s losses=%d "
+                         "(retry it once the cause is fixed)", job_id, owner,
+                         MAX_WORKER_LOSSES)
+        else:
+            logger.warning("job handed back job=%s from=%s", job_id, owner)
         self.mark(f"q:{queue}")
 
     def _move_aside(self, path: str, *, kind: str, reason: str, job_id: str | None = None,

@@ -874,8 +874,9 @@ class Store:
         return self.with_shards(build, waiting)
 
     def requeue(self, fence: str, worker_id: str, job_id: str, queue: str, node: str,
-                status: Versioned | None) -> list:
-        """Hand a dead worker's job back to pending, noting the lost attempt.
+                status: Versioned | None) -> tuple[list, bool]:
+        """Hand a dead worker's job back to pending, noting the lost attempt; return the
+        multi's results and whether the job was failed instead.
 
         A job that was running when its worker vanished gets a WorkerLost error. After
         MAX_WORKER_LOSSES of those it is failed instead of handed back: a job that kills
@@ -883,6 +884,7 @@ class Store:
         loop. `retry()` (or the dashboard) can send it back on purpose.
         """
         lost_record = None
+        final = False
         if status is not None and status.record.state == records.RUNNING:
             from .exceptions import WorkerLost
 
@@ -928,7 +930,7 @@ class Store:
         if failed and failed[0][0] != 0 and self.forget_bucket_if_gone(index, failed):
             index = self.index_path(lost_record)  # expired or purged meanwhile: remake
             results = self.with_shards(build, waiting)
-        return results
+        return results, final
 
     def delete_shard(self, fence: str, queue: str, shard: str) -> list:
         """Delete an empty shard (fenced); return the failures (NotEmpty, NoNode) if any.

@@ -34,6 +34,7 @@ from django.tasks import task_backends
 from django.tasks.signals import task_finished, task_started
 from kazoo.exceptions import ConnectionLoss, KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import EventType, KazooState
+from kazoo.recipe.watchers import ChildrenWatch
 
 from . import deadletter, envelope, records, serialization
 from .client import new_client, start
@@ -130,6 +131,8 @@ class Worker:
         self.base_name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.lead = lead
         self.drain_timeout = drain_timeout
+        # Jobs still running when a drain timed out: interrupted, handed back, run again.
+        self.unfinished = 0
         self.committer: Committer | None = None
         self.worker_id: str | None = None
         self.client = None
@@ -189,10 +192,16 @@ class Worker:
         began = time.monotonic()
         self.runner.start()
         try:
-            self.client = start(new_client(self.options), self.options)
+            self.client = start(new_client(self.options), self.options,
+                                abort=self._stop_requested)
         except BaseException:
             self.runner.stop(force=True)
             raise
+        if self.client is None:
+            logger.info("stopped while connecting to ZooKeeper; never registered")
+            self.runner.stop(force=True)
+            self._stopped.set()
+            return
         self.store = Store(self.client, self.options)
         self.committer = Committer(self.store, on_idle=lambda: self._wake_if_draining(None))
         self.committer.start()
@@ -224,6 +233,8 @@ class Worker:
             leader_thread = threading.Thread(target=self._lead, args=(leader_stop,),
                                              name="zktasks-leader", daemon=True)
             leader_thread.start()
+        else:
+            self._watch_contenders()
         try:
             self._main_loop()
         finally:
@@ -309,6 +320,26 @@ class Worker:
                     "prefetch=%d%s", worker_id, ",".join(self.queues) or "*",
                     self.concurrency, self.pool_name, self.prefetch,
                     "" if self._prefetch.fixed else " (follows the jobs)")
+
+    def _watch_contenders(self) -> None:
+        """A --no-leader worker says so when no worker contends for leadership: its
+        jobs would otherwise wait without a word. kazoo's ChildrenWatch re-arms itself
+        (after a reconnection too); it calls back in kazoo's event thread."""
+        seen = {"empty": None}
+
+        def on_contenders(children):
+            empty = not children
+            if empty and seen["empty"] is not True:
+                logger.warning("no worker contends for leadership worker=%s: jobs are not "
+                               "assigned until one runs without --no-leader",
+                               self.worker_id)
+            elif not empty and seen["empty"]:
+                logger.info("a worker contends for leadership again worker=%s count=%d",
+                            self.worker_id, len(children))
+            seen["empty"] = empty
+            return not self._stopping.is_set()  # False: stop watching
+
+        ChildrenWatch(self.client, self.store.layout.leader, on_contenders)
 
     def _deregister(self) -> None:
         if self.worker_id is None or self._lost:
@@ -485,8 +516,9 @@ class Worker:
                 self._stopping.set()
                 return _STOP
             if time.monotonic() > drain_deadline:
+                self.unfinished = len(self._running)
                 logger.warning("drain timed out worker=%s running=%d", self.worker_id,
-                               len(self._running))
+                               self.unfinished)
                 self._stopping.set()
                 self.runner.stop(force=True)
                 return _STOP

@@ -20,6 +20,17 @@ def worker_proc(procs, worker_id):
     return next(p for name, p in procs.items() if worker_id.startswith(name + "-"))
 
 
+def running_until_released(backend, runworker, zk_client, tmp_path, value, *args, name):
+    """A runworker (concurrency 1) running a job that returns `value` once released."""
+    proc = runworker("--concurrency", "1", *args, name=name)
+    wait_registered(zk_client, backend, 1)
+    release = tmp_path / "release"
+    job = tasks.wait_for_file.submit(str(release), value)
+    wait_for_data(zk_client, backend.store.layout.status(job.id),
+                  lambda d: d["state"] == "RUNNING")
+    return proc, job, release
+
+
 def test_job_of_a_sigkilled_worker_completes_elsewhere(backend, runworker, zk_client, tmp_path):
     procs = {name: runworker("--concurrency", "1", name=name) for name in ("alpha", "beta")}
     wait_registered(zk_client, backend, 2)
@@ -58,12 +69,8 @@ def test_sigkilled_leader_is_replaced(backend, runworker, zk_client):
 
 
 def test_sigterm_drains_running_job_then_exits_cleanly(backend, runworker, zk_client, tmp_path):
-    proc = runworker("--concurrency", "1", name="drainer")
-    wait_registered(zk_client, backend, 1)
-    release = tmp_path / "release"
-    job = tasks.wait_for_file.submit(str(release), "finished")
-    wait_for_data(zk_client, backend.store.layout.status(job.id),
-                  lambda d: d["state"] == "RUNNING")
+    proc, job, release = running_until_released(
+        backend, runworker, zk_client, tmp_path, "finished", name="drainer")
     proc.send_signal(signal.SIGTERM)
     [worker_id] = zk_client.get_children(backend.store.layout.workers)
     wait_for_data(zk_client, backend.store.layout.worker(worker_id), lambda d: d["draining"])
@@ -92,6 +99,21 @@ def test_runworker_whose_task_processes_cannot_set_up_stops_and_says_why(
     assert "worker registered" not in log  # never offered itself for jobs
 
 
+def test_sigterm_while_connecting_stops_at_once(runworker, zk_settings):
+    """kazoo's start() waits out CONNECT_TIMEOUT; a signal must not have to."""
+    from tests.waiting import wait_until
+
+    proc = runworker(name="unconnected", env={"ZKTASKS_TEST_HOSTS": "127.0.0.1:9",
+                                              "PYTHONUNBUFFERED": "1"})
+    wait_until(lambda: "zktasks worker starting" in proc.log_path.read_text(), 30,
+               "the worker to start connecting")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    log = proc.log_path.read_text()
+    assert "stopped while connecting to ZooKeeper; never registered" in log
+    assert "Could not connect" not in log  # it did not wait for the timeout
+
+
 def test_process_pool_contains_crashes_and_timeouts(backend, runworker, zk_client):
     runworker("--concurrency", "1", "--pool", "process", name="pool")
     wait_registered(zk_client, backend, 1)
@@ -113,14 +135,25 @@ def test_runworker_rejects_bad_options(runworker, zk_settings):
     assert "must be at least 1" in proc.log_path.read_text()
 
 
+def test_a_drain_that_times_out_exits_non_zero_and_hands_the_job_back(
+        backend, runworker, zk_client, tmp_path):
+    first, job, release = running_until_released(
+        backend, runworker, zk_client, tmp_path, "second time", "--drain-timeout", "0.5",
+        name="first")
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(30) == 1
+    log = first.log_path.read_text()
+    assert "drain timed out" in log
+    assert "stopped with 1 job(s) unfinished: the drain timed out after 0.5 s" in log
+    runworker("--concurrency", "1", name="second")
+    release.touch()
+    assert job.wait(timeout=60).return_value == "second time"
+
+
 def test_second_signal_stops_at_once_and_the_job_runs_again(backend, runworker, zk_client,
                                                              tmp_path):
-    first = runworker("--concurrency", "1", name="first")
-    wait_registered(zk_client, backend, 1)
-    release = tmp_path / "release"
-    job = tasks.wait_for_file.submit(str(release), "second time")
-    wait_for_data(zk_client, backend.store.layout.status(job.id),
-                  lambda d: d["state"] == "RUNNING")
+    first, job, release = running_until_released(
+        backend, runworker, zk_client, tmp_path, "second time", name="first")
     first.send_signal(signal.SIGTERM)
     [worker_id] = zk_client.get_children(backend.store.layout.workers)
     wait_for_data(zk_client, backend.store.layout.worker(worker_id), lambda d: d["draining"])

@@ -1,6 +1,7 @@
 """Security and failure handling with in-process workers on a real ZooKeeper."""
 
 import json
+import logging
 import threading
 
 import pytest
@@ -137,6 +138,17 @@ def _expire(zk_hosts, client):
     return session_id
 
 
+def test_a_worker_that_may_not_lead_says_when_nobody_contends(backend, start_worker, caplog):
+    caplog.set_level(logging.INFO, logger="zktasks.worker")
+    follower = start_worker(name="follower", lead=False)
+    wait_until(lambda: "no worker contends for leadership" in caplog.text, 15,
+               "the warning that no worker contends")
+    assert f"worker={follower.worker_id}" in caplog.text
+    start_worker(name="leader")
+    wait_until(lambda: "a worker contends for leadership again" in caplog.text, 15,
+               "the news that one does")
+
+
 @pytest.mark.parametrize("pool", ["thread", "process"])
 def test_a_run_whose_worker_session_expired_is_asked_to_stop_and_its_job_runs_again(
         backend, start_worker, zk_hosts, tmp_path, pool):
@@ -265,7 +277,7 @@ def _ghost_takes_and_dies(backend, zk_client, job, *, seed_losses=0, before_deat
         ghost.close()
 
 
-def test_jobs_of_a_vanished_worker_are_handed_back(backend, start_worker, zk_client):
+def test_jobs_of_a_vanished_worker_are_handed_back(backend, start_worker, zk_client, caplog):
     """A worker whose session ends mid-job: the leader moves its job back to pending,
     notes the lost attempt, and another worker runs it (at-least-once)."""
     # The leader serves another queue, so the only taker of "default" is the ghost.
@@ -280,6 +292,10 @@ def test_jobs_of_a_vanished_worker_are_handed_back(backend, start_worker, zk_cli
     assert result.attempts == 2
     assert result.errors[0].exception_class_path == "zktasks.exceptions.WorkerLost"
     assert not zk_client.exists(backend.store.layout.worker_assignments("ghost"))
+    # The leader says what it saw and what it did (logged just after its multi landed).
+    wait_until(lambda: f"job handed back job={job.id} from=ghost" in caplog.text, 10,
+               "the hand-back to be logged")
+    assert "worker vanished worker=ghost jobs=1" in caplog.text
 
 
 def test_a_cancel_its_dead_worker_never_acted_on_still_holds(backend, start_worker,
@@ -303,7 +319,7 @@ def test_a_cancel_its_dead_worker_never_acted_on_still_holds(backend, start_work
 
 
 def test_job_that_keeps_losing_its_workers_is_failed_not_rerun(backend, start_worker,
-                                                                 zk_client):
+                                                                 zk_client, caplog):
     leader = start_worker(name="leader", queues=["other"])
     wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 15, "a leader")
     job = tasks.add.using(unique_key="poison").submit(1, 1)
@@ -315,3 +331,6 @@ def test_job_that_keeps_losing_its_workers_is_failed_not_rerun(backend, start_wo
     assert pending_nodes(zk_client, backend.store.layout) == []
     assert zk_client.get_children(backend.store.layout.unique) == []  # key freed
     assert backend.store.recent_finished(5) == [job.id]
+    wait_until(lambda: f"its workers kept vanishing job={job.id}" in caplog.text, 10,
+               "the failure to be logged")
+    assert "job handed back" not in caplog.text

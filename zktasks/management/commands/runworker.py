@@ -64,7 +64,8 @@ class Command(BaseCommand):
                                  "runner like Celery, 16 while jobs average under 5 ms; "
                                  "0 or 1 for long jobs)")
         parser.add_argument("--drain-timeout", type=seconds, default=30.0,
-                            help="seconds to let running jobs finish on SIGTERM (default 30)")
+                            help="seconds to let running jobs finish on SIGTERM (default 30); "
+                                 "past it they are handed back and runworker exits 1")
 
     def handle(self, *args, **options):
         import os
@@ -100,6 +101,13 @@ class Command(BaseCommand):
             worker.run()
         except ZkTasksError as exc:
             raise CommandError(str(exc)) from exc
+        if worker.unfinished:
+            # Exit non-zero: a supervisor or deploy script sees the drain was cut short.
+            raise CommandError(
+                f"zktasks worker stopped with {worker.unfinished} job(s) unfinished: the "
+                f"drain timed out after {worker.drain_timeout:g} s. They are handed back "
+                "and run again on another worker; give --drain-timeout the time your "
+                "longest task needs.")
         self.stdout.write("zktasks worker stopped")
 
     def _install_signals(self, worker) -> None:
