@@ -268,6 +268,25 @@ def returns_unloadable():
     return LoadsNowhere()
 
 
+@zk_task(max_attempts=3, backoff=0)
+def returns_a_generator(marker_dir):
+    """Runs (a marker per run), then returns what dill cannot pickle."""
+    Path(marker_dir, f"ran-{time.monotonic_ns()}").touch()
+    return (n for n in range(2))
+
+
+@zk_task
+def waits_for_add(a, b):
+    """Submits another job and waits for it: the pattern wait() warns about. The job
+    is due a moment later, so it cannot have finished by the wait's first read."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    later = add.using(run_after=timezone.now() + timedelta(seconds=0.3))
+    return later.submit(a, b).wait(timeout=30).return_value
+
+
 class Greeter:
     def __init__(self, name):
         self.name = name

@@ -377,6 +377,7 @@ class ZooKeeperBackend(BaseTaskBackend):
                 raise JobNotFound(f"No job has the id {job_id!r}.")
             if found is not _UNKNOWN and found.record.is_finished:
                 return self.build_result(found.record)
+            _warn_if_in_task(job_id)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 state = ("unknown: ZooKeeper did not answer" if found is _UNKNOWN
@@ -498,7 +499,8 @@ class ZooKeeperBackend(BaseTaskBackend):
         record = found.record
         if record.state != records.FAILED or record.finished_at is None:
             return False
-        return self._send_back(store, found)
+        return self._send_back(store, found, note={"at": records.now().isoformat(),
+                                                   "kind": "retry"})
 
     def _send_back(self, store: Store, found, *, also=None, note: dict | None = None) -> bool:
         """Make a job READY and waiting again in one multi (fenced by its status version).
@@ -513,6 +515,7 @@ class ZooKeeperBackend(BaseTaskBackend):
         if failed:
             changes["max_attempts"] = record.attempts + 1
         if note is not None:
+            note = {**note, "attempts": record.attempts}
             changes["extra"] = {**record.extra,
                                 "requeued": [*record.extra.get("requeued", []), note]}
         again = record.evolve(**changes)
@@ -651,6 +654,23 @@ def purge_before_ms(older_than: timedelta | None) -> int:
 
 
 _UNKNOWN = object()
+_warned_in_task = threading.Event()
+
+
+def _warn_if_in_task(job_id: str) -> None:
+    """Celery refuses result.get() inside a task; we warn, once per process: waiting
+    holds a runner, and once every runner waits, the jobs they wait for never start."""
+    from .context import current_job_id
+
+    waiting = current_job_id()
+    if waiting is None or _warned_in_task.is_set():
+        return
+    _warned_in_task.set()
+    logger.warning(
+        "job %s waits inside its task for job %s: its runner runs nothing meanwhile, and "
+        "if every runner waits, the jobs they wait for never start (a deadlock until the "
+        "wait's timeout). Submit a follow-up task from the task instead. (Logged once "
+        "per process.)", waiting, job_id)
 WAIT_READ_FLOOR = 1.0  # seconds a wait()'s read of the status may take, however short
 
 

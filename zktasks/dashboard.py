@@ -724,39 +724,59 @@ def worker_info(worker_id: str, raw: bytes | None) -> dict:
     }
 
 
+def attempts_text(record: StatusRecord) -> str:
+    """Attempts made against the limit; starts past it were not failures retried."""
+    if record.attempts <= record.max_attempts:
+        return f"{record.attempts} of at most {record.max_attempts}"
+    return (f"{record.attempts} (max_attempts {record.max_attempts}: the starts past it "
+            "followed a lost worker, a retry or a re-queue, not a failure)")
+
+
 def history(record: StatusRecord) -> list[tuple[datetime | None, str]]:
-    """The state history a status record implies, oldest first: (when, what)."""
-    events = []
+    """The state history a status record implies, oldest first: (when, what).
+
+    Errors carry no time, so events are ordered by the attempt they belong to: a
+    re-queue or retry notes how many attempts had been made when it happened.
+    """
+    events = []  # (attempt it belongs to, order within it, when, what)
     if record.enqueued_at:
-        events.append((record.enqueued_at,
+        events.append((0, 0, record.enqueued_at,
                        f"enqueued on queue {record.queue!r} with priority {record.priority}"))
     if record.run_after:
-        events.append((record.run_after, "due (run_after)"))
+        events.append((0, 1, record.run_after, "due (run_after)"))
     if record.started_at:
         first = record.worker_ids[0] if record.worker_ids else "?"
-        events.append((record.started_at, f"attempt 1 started on {first}"))
+        events.append((1, 0, record.started_at, f"attempt 1 started on {first}"))
     for error in record.errors:
         where = f" on {error.worker_id}" if error.worker_id else ""
-        events.append((None, f"attempt {error.attempt or '?'}{where} ended with "
-                             f"{error.exception_class_path}"))
+        events.append((error.attempt or record.attempts, 1, None,
+                       f"attempt {error.attempt or '?'}{where} ended with "
+                       f"{error.exception_class_path}"))
     for note in record.extra.get("requeued") or ():
         if isinstance(note, dict):
             try:
                 at = datetime.fromisoformat(note.get("at"))
             except (TypeError, ValueError):
                 at = None
-            events.append((at, f"re-queued from the dead letters ({note.get('kind') or '?'})"))
+            after = note.get("attempts")
+            if not isinstance(after, int):  # noted before the count was: last known place
+                after = max(record.attempts - 1, 0)
+            what = ("retried" if note.get("kind") == "retry" else
+                    f"re-queued from the dead letters ({note.get('kind') or '?'})")
+            events.append((after, 2, at, what))
     if record.attempts > 1 and record.last_attempted_at:
         last = record.worker_ids[-1] if record.worker_ids else "?"
-        events.append((record.last_attempted_at,
+        events.append((record.attempts, 0, record.last_attempted_at,
                        f"attempt {record.attempts} started on {last}"))
+    end = record.attempts + 1
     if record.finished_at:
-        events.append((record.finished_at, f"finished: {record.state}"))
+        events.append((end, 0, record.finished_at, f"finished: {record.state}"))
     elif record.state == records.RUNNING:
-        events.append((None, "running now"))
+        events.append((end, 0, None, "running now"))
     else:
-        events.append((None, "waiting to run"))
-    return events
+        events.append((end, 0, None, "waiting to run"))
+    events.sort(key=lambda event: event[:2])  # stable: same place keeps its order
+    return [(when, what) for _, _, when, what in events]
 
 
 def _missing(found) -> str:

@@ -90,12 +90,19 @@ def execute(execution: Execution, *, in_thread_pool: bool = False) -> Outcome:
                 value = call.func(*args, **call.kwargs)
             finally:
                 _in_task.active = False
-        return Outcome(ok=True, value_blob=serialization.dump_value(value))
     except BaseException as exc:  # a task's SystemExit is its failure, not ours
         delay = None
         if call is not None:
             delay = retry_delay(call.policy, execution.attempt, exc)
         return Outcome(ok=False, error=ErrorRecord.from_exception(exc), retry_delay=delay)
+    else:
+        try:
+            return Outcome(ok=True, value_blob=serialization.dump_value(value))
+        except BaseException as exc:
+            # The task ran to its end: another attempt would repeat its side effects only
+            # to return the same value, so this failure is not retried (like a value too
+            # large to record).
+            return Outcome(ok=False, error=ErrorRecord.from_exception(exc))
     finally:
         context.end()
         try:

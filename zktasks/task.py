@@ -146,13 +146,18 @@ class ZkTask(Task):
         Bad input raises here and now. The returned result has the job's id, but the job
         exists only once the transaction commits; after a rollback it never does.
         Outside a transaction the job is queued at once. On a backend other than
-        ZooKeeperBackend, enqueue() is deferred with transaction.on_commit as it is.
+        ZooKeeperBackend (Django's Immediate or Dummy one in a project's tests) the
+        result exists only once enqueue() has run: outside a transaction it runs now
+        and its result is returned; inside one it is deferred with
+        transaction.on_commit, and None is returned.
         """
         backend = self.get_backend()
         if hasattr(backend, "enqueue_on_commit"):
             return backend.enqueue_on_commit(self, args, kwargs)
         from django.db import transaction
 
+        if not transaction.get_connection().in_atomic_block:
+            return self.enqueue(*args, **kwargs)
         transaction.on_commit(lambda: self.enqueue(*args, **kwargs))
         return None
 

@@ -328,7 +328,8 @@ class DashboardViews:
                 request, title, "results", detail=None, job_id=job_id), status=404)
         context = self.context(
             request, title, "results", detail=detail, job_id=job_id,
-            record=detail.record, **live_context,
+            record=detail.record, attempts=dashboard.attempts_text(detail.record),
+            **live_context,
             live_url=self.url("zktasks_live", query={"job": job_id}),
             tree_url=self.url("zktasks_tree"),
             places=[(label, p[len(detail_root):] or "/") for label, p in detail.places],

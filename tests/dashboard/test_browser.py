@@ -101,7 +101,7 @@ def test_a_failure_shows_its_traceback_and_retry_works_from_the_page(page, live_
     expect(page.locator(".messagelist .success")).to_contain_text("one more attempt")
     expect(state_of(page)).to_have_text("succeeded")
     expect(page.locator("#zk-return")).to_have_text("'recovered'")
-    expect(page.locator(".zk-fields")).to_contain_text("2 of 2")
+    expect(page.locator(".zk-fields")).to_contain_text("2 of at most 2")
 
 
 def test_screenshots_of_the_main_pages(page, live_server, start_worker, backend, tmp_path):

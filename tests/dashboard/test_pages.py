@@ -192,7 +192,7 @@ def test_job_detail_of_a_success(admin_client, backend, start_worker):
     html = text(admin_client.get(url("zktasks_job_change", job.id)))
     assert "tests.tasks.add(20, 22)" in html
     assert '<pre class="zk-pre" id="zk-return">42</pre>' in html
-    assert "1 of 1" in html and worker.worker_id in html
+    assert "1 of at most 1" in html and worker.worker_id in html
     assert "finished: SUCCESSFUL" in html and "enqueued on queue" in html
     assert "status record" in html and "finished index" in html
 
@@ -202,7 +202,7 @@ def test_job_detail_of_a_failure_shows_each_traceback(admin_client, backend, sta
     job = tasks.flaky.submit(99)  # three attempts, three tracebacks
     job.wait(timeout=30)
     html = text(admin_client.get(url("zktasks_job_change", job.id)))
-    assert "3 of 3" in html
+    assert "3 of at most 3" in html
     for attempt in (1, 2, 3):
         assert f"RuntimeError: failing attempt {attempt}" in html
     assert html.count("Traceback (most recent call last)") == 3

@@ -83,3 +83,40 @@ def test_durations_read_well():
     assert dashboard.duration(t, t + timedelta(seconds=245)) == "4 min 5 s"
     assert dashboard.duration(t, t + timedelta(hours=2, minutes=3)) == "2 h 3 min"
     assert dashboard.duration(None, t) == ""
+
+
+def test_history_puts_each_requeue_after_the_attempt_it_followed():
+    t = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def failed(attempt):
+        return ErrorRecord(exception_class_path="app.Boom", message="", traceback="",
+                           attempt=attempt, worker_id=f"w{attempt}")
+
+    record = StatusRecord(
+        id="0" * 32, task="app.t", backend="default", queue="default", priority=0,
+        state="FAILED", enqueued_at=t, started_at=t, last_attempted_at=t, finished_at=t,
+        attempts=3, max_attempts=1, worker_ids=("w1", "w2", "w3"),
+        errors=(failed(1), failed(2), failed(3)),
+        extra={"requeued": [{"at": t.isoformat(), "kind": "retry", "attempts": 1},
+                            {"at": t.isoformat(), "kind": "lost", "attempts": 2}]},
+    )
+    steps = [what for _, what in dashboard.history(record)]
+    assert steps == [
+        "enqueued on queue 'default' with priority 0",
+        "attempt 1 started on w1",
+        "attempt 1 on w1 ended with app.Boom",
+        "retried",
+        "attempt 2 on w2 ended with app.Boom",
+        "re-queued from the dead letters (lost)",
+        "attempt 3 started on w3",
+        "attempt 3 on w3 ended with app.Boom",
+        "finished: FAILED",
+    ]
+
+
+def test_attempts_past_the_limit_say_they_were_not_failures_retried():
+    record = StatusRecord(id="0" * 32, task="app.t", backend="default", queue="default",
+                          priority=0, attempts=1, max_attempts=3)
+    assert dashboard.attempts_text(record) == "1 of at most 3"
+    past = record.evolve(attempts=3, max_attempts=1)
+    assert dashboard.attempts_text(past).startswith("3 (max_attempts 1: the starts past it")

@@ -150,6 +150,18 @@ def test_a_return_value_that_cannot_be_loaded_here_leaves_the_result_readable(
         _ = fresh.return_value
 
 
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_return_value_that_cannot_be_pickled_fails_without_a_retry(
+        backend, start_worker, tmp_path, pool):
+    """Its task ran to the end: another attempt would only repeat its side effects."""
+    start_worker(pool=pool)
+    result = tasks.returns_a_generator.submit(str(tmp_path)).wait(timeout=60)
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class_path == "zktasks.exceptions.SerializationError"
+    assert "cannot be serialized by dill" in result.errors[-1].traceback
+    assert result.attempts == 1 and len(list(tmp_path.glob("ran-*"))) == 1
+
+
 def test_immediate_backend_keeps_zk_tasks_working(settings):
     settings.TASKS = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
     result = tasks.add.submit(2, 3)
@@ -159,6 +171,21 @@ def test_immediate_backend_keeps_zk_tasks_working(settings):
     # Code written for zktasks runs unchanged in a user's unit tests.
     assert result.wait(timeout=10) is result
     assert result.cancel() is False  # it has already finished
+
+
+def test_submit_on_commit_on_the_immediate_backend_gives_a_result_when_it_can(settings):
+    settings.TASKS = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+    result = tasks.add.submit_on_commit(2, 3)  # no transaction: enqueued now
+    assert result.return_value == 5
+
+
+@pytest.mark.django_db
+def test_submit_on_commit_on_the_immediate_backend_waits_for_the_commit(
+        settings, django_capture_on_commit_callbacks):
+    settings.TASKS = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        assert tasks.add.submit_on_commit(2, 3) is None  # no result before the commit
+    assert len(callbacks) == 1
 
 
 def test_dummy_backend_records_submissions(settings):

@@ -10,7 +10,7 @@ from django.utils import timezone
 from tests import tasks
 from tests.pending import delayed_nodes
 from tests.waiting import wait_for_data, wait_until
-from zktasks import InvalidTaskError
+from zktasks import InvalidTaskError, dashboard
 
 
 def test_run_after_is_not_run_before_its_time(backend, start_worker, zk_client):
@@ -139,6 +139,19 @@ def test_a_retried_cancelled_job_runs_again(backend, start_worker, zk_client, tm
     assert job.cancel() is False  # and it can be cancelled again
     assert job.wait(timeout=30).errors[-1].exception_class_path == (
         "zktasks.exceptions.JobCancelled")
+    record = backend.store.read_status(job.id).record
+    steps = [what for _, what in dashboard.history(record)]
+    first = f"attempt 1 on {record.worker_ids[0]} ended with zktasks.exceptions.JobCancelled"
+    assert steps[steps.index(first) + 1] == "retried"  # told in order, with the retry
+
+
+def test_waiting_inside_a_task_is_warned_about(backend, start_worker, caplog):
+    from zktasks import backend as backend_module
+
+    backend_module._warned_in_task.clear()  # logged once per process
+    start_worker(concurrency=2)  # a second runner for the job it waits for
+    assert tasks.waits_for_add.submit(2, 3).wait(timeout=60).return_value == 5
+    assert "waits inside its task for job" in caplog.text
 
 
 def test_invalid_retry_options_are_refused(backend):

@@ -445,12 +445,13 @@ def _status_text(data: dict, conf) -> str:
              "draining" if w["draining"] else (w["note"] or "running")]
             for w in data["workers"]])
     lines.append("queues:")
-    lines += _table(["QUEUE", "PENDING", "DELAYED", "RUNNING", "SUCCEEDED", "FAILED"], [
+    lines += _table(["QUEUE", "PENDING", "DELAYED", "ASSIGNED", "SUCCEEDED", "FAILED"], [
         [q["name"], q["pending"], q["delayed"], q["running"],
          "-" if q["succeeded"] is None else q["succeeded"],
          "-" if q["failed"] is None else q["failed"]] for q in data["queues"]])
     lines.append(f"totals: {totals['pending']} pending, {totals['delayed']} delayed, "
-                 f"{totals['running']} running, {totals['succeeded']} succeeded, "
+                 f"{totals['running']} assigned (running, or held by a worker), "
+                 f"{totals['succeeded']} succeeded, "
                  f"{totals['failed']} failed, {totals['dead_letters']} dead letter(s)")
     if data["recent_failures"]:
         lines.append("recent failures:")
@@ -485,7 +486,7 @@ def _job_text(detail) -> str:
         f"task:      {record.task}",
         f"queue:     {record.queue} (priority {record.priority})",
         f"state:     {record.state}",
-        f"attempts:  {record.attempts} of at most {record.max_attempts}"
+        f"attempts:  {dashboard.attempts_text(record)}"
         + (f" (workers: {', '.join(record.worker_ids)})" if record.worker_ids else ""),
     ]
     if detail.args or detail.args_note:
