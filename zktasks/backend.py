@@ -219,7 +219,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             max_attempts=getattr(task, "max_attempts", 1),
             timeout=getattr(task, "timeout", None),
             takes_context=task.takes_context,
-            run_after=task.run_after,
+            run_after=_aware(task.run_after),
             unique_key=getattr(task, "unique_key", None),
             result_ttl=getattr(task, "result_ttl", None),
             args_repr=serialization.short_repr(args, kwargs),
@@ -289,10 +289,10 @@ class ZooKeeperBackend(BaseTaskBackend):
             task=task,
             id=record.id,
             status=TaskResultStatus(record.state),
-            enqueued_at=record.enqueued_at,
-            started_at=record.started_at,
-            finished_at=record.finished_at,
-            last_attempted_at=record.last_attempted_at,
+            enqueued_at=_local(record.enqueued_at),
+            started_at=_local(record.started_at),
+            finished_at=_local(record.finished_at),
+            last_attempted_at=_local(record.last_attempted_at),
             args=list(args),
             kwargs=dict(kwargs),
             backend=self.alias,
@@ -333,7 +333,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             func=func, backend=self.alias, queue_name=record.queue, priority=record.priority,
             takes_context=record.takes_context, max_attempts=record.max_attempts,
             timeout=record.timeout, result_ttl=record.result_ttl,
-            run_after=record.run_after, unique_key=record.unique_key,
+            run_after=_local(record.run_after), unique_key=record.unique_key,
         )
         if policy is not None:
             if policy.backoff is not None:
@@ -651,6 +651,22 @@ def purge_before_ms(older_than: timedelta | None) -> int:
     cutoff = records.now() - older_than if older_than else records.now() + timedelta(
         milliseconds=BUCKET_MS)
     return int(cutoff.timestamp() * 1000)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    """A naive run_after (valid with USE_TZ = False) in TIME_ZONE, as Django reads it;
+    records hold aware times only (they are compared with UTC clocks)."""
+    if value is None or timezone.is_aware(value):
+        return value
+    return timezone.make_aware(value, timezone.get_default_timezone())
+
+
+def _local(value: datetime | None) -> datetime | None:
+    """A record's time as Django's own backends give it: naive in TIME_ZONE when
+    USE_TZ = False (timezone.now() is naive then), aware otherwise."""
+    if value is None or settings.USE_TZ:
+        return value
+    return timezone.make_naive(value, timezone.get_default_timezone())
 
 
 _UNKNOWN = object()

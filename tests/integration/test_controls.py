@@ -24,6 +24,22 @@ def test_run_after_is_not_run_before_its_time(backend, start_worker, zk_client):
     assert result.started_at >= when
 
 
+def test_a_project_without_time_zones_gets_naive_times(backend, start_worker, settings):
+    """USE_TZ = False: a naive run_after is valid (Django's rule), read in TIME_ZONE, and
+    results carry naive times as Django's own backends give them."""
+    settings.USE_TZ = False
+    start_worker()
+    when = timezone.now() + timedelta(seconds=1)
+    assert timezone.is_naive(when)
+    job = tasks.add.using(run_after=when).submit(1, 2)  # raised TypeError before
+    result = job.wait(timeout=30)
+    assert result.return_value == 3
+    assert timezone.is_naive(result.enqueued_at) and timezone.is_naive(result.finished_at)
+    assert result.started_at >= when  # comparable, and not run before its time
+    assert result.task.run_after == when
+    assert result.finished_at <= timezone.now()
+
+
 def test_run_after_in_the_past_runs_at_once(backend, start_worker):
     start_worker()
     job = tasks.add.using(run_after=timezone.now() - timedelta(hours=1)).submit(1, 1)
