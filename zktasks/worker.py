@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.tasks import task_backends
+from django.tasks import TaskResultStatus, task_backends
 from django.tasks.signals import task_finished, task_started
 from kazoo.exceptions import ConnectionLoss, KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import EventType, KazooState
@@ -940,7 +940,7 @@ class Worker:
         call = None
         if self._wants(task_started) or self._wants(task_finished):
             call = self._load(blob, job_id)
-            self._send(task_started, running, call)
+        self._send(task_started, running, call)
         return _Run(blob, running, commit, call, Execution(
             job_id=job_id, blob=blob, record_json=running_bytes, timeout=running.timeout,
             attempt=running.attempts, takes_context=running.takes_context,
@@ -1059,8 +1059,7 @@ class Worker:
             logger.error("job failed job=%s task=%s worker=%s error=%s: %s", job_id,
                          final.task, worker_id, error and error.exception_class_path,
                          error and error.message)
-        if call is not None:
-            self._send(task_finished, final, call)
+        self._send(task_finished, final, call)
 
     def _final_record(self, running: StatusRecord, outcome: Outcome, worker_id: str):
         """Return (record to write, whether the job goes back to pending for a retry)."""
@@ -1162,6 +1161,7 @@ class Worker:
     def _send(self, signal, record: StatusRecord, call) -> None:
         """Send a django.tasks signal after the state it reports was recorded."""
         if call is None:
+            _log_as_django(signal, record)
             return
         try:
             task = self.backend._task_for(record, call.func, call.policy)
@@ -1171,6 +1171,23 @@ class Worker:
         except Exception:
             # A receiver's error must not change a recorded outcome.
             logger.exception("signal receiver failed job=%s", record.id)
+
+
+_django_logger = logging.getLogger("django.tasks")
+
+
+def _log_as_django(signal, record: StatusRecord) -> None:
+    """Django's own receivers' line ("Task id=... path=... state=..."), from the record.
+
+    With no other receiver the signal is not sent (_wants), but a project may watch the
+    django.tasks logger (a failure is logged at ERROR there): it gets the line all the
+    same, unless the logger would drop it, which most projects' INFO lines are.
+    """
+    failed = signal is task_finished and record.state == records.FAILED
+    level = logging.ERROR if failed else logging.INFO
+    if _django_logger.isEnabledFor(level):
+        _django_logger.log(level, "Task id=%s path=%s state=%s", record.id, record.task,
+                           TaskResultStatus(record.state))
 
 
 __all__ = ["Worker"]

@@ -86,6 +86,26 @@ def test_corrupt_status_record_fails_job_and_worker_goes_on(backend, start_worke
     assert record.errors[0].exception_class_path == "zktasks.exceptions.CorruptRecord"
 
 
+def test_django_tasks_log_lines_are_written_without_other_receivers(backend, start_worker,
+                                                                      caplog):
+    """Django's own receivers log each start and outcome on the django.tasks logger; a
+    worker that sends no signal (no other receiver) writes those lines itself."""
+    caplog.set_level(logging.INFO, logger="django.tasks")
+    start_worker()
+    ok, bad = tasks.add.submit(1, 1), tasks.boom.submit("no")
+    ok.wait(timeout=30)
+    bad.wait(timeout=30)
+
+    def line(job, state):
+        return [r.levelname for r in caplog.records if r.name == "django.tasks"
+                and r.getMessage() == f"Task id={job.id} path={job.task.module_path} "
+                                      f"state={state}"]
+    wait_until(lambda: line(bad, "FAILED"), 10, "the failure's line")
+    wait_until(lambda: line(ok, "SUCCESSFUL"), 10, "the success's line")
+    assert line(ok, "RUNNING") == ["INFO"] and line(ok, "SUCCESSFUL") == ["INFO"]
+    assert line(bad, "FAILED") == ["ERROR"]
+
+
 def test_signals_fire_after_each_recorded_transition(backend, start_worker):
     seen = []
 
