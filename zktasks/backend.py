@@ -670,6 +670,7 @@ def _local(value: datetime | None) -> datetime | None:
 
 
 _UNKNOWN = object()
+WAIT_READ_FLOOR = 1.0  # seconds a wait()'s read of the status may take, however short
 _warned_in_task = threading.Event()
 
 
@@ -687,7 +688,6 @@ def _warn_if_in_task(job_id: str) -> None:
         "if every runner waits, the jobs they wait for never start (a deadlock until the "
         "wait's timeout). Submit a follow-up task from the task instead. (Logged once "
         "per process.)", waiting, job_id)
-WAIT_READ_FLOOR = 1.0  # seconds a wait()'s read of the status may take, however short
 
 
 def _payload_unavailable(*args, **kwargs):
