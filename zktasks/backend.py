@@ -272,7 +272,6 @@ class ZooKeeperBackend(BaseTaskBackend):
 
     def build_result(self, record: StatusRecord, *, task=None, args=None, kwargs=None):
         """Turn a status record into a ZkTaskResult, loading only verified pickles."""
-        key = self.conf.signing_key
         if task is None or args is None:
             func, args, kwargs, policy = self._load_call(record)
             task = self._task_for(record, func, policy)
@@ -280,7 +279,8 @@ class ZooKeeperBackend(BaseTaskBackend):
         if record.state == records.SUCCESSFUL and record.result is not None:
             try:
                 return_value = envelope.load(record.result, job_id=record.id,
-                                             kind=envelope.RESULT, key=key)
+                                             kind=envelope.RESULT,
+                                             keys=self.conf.verify_keys)
             except Exception as exc:
                 # The status stays readable; only return_value raises (ZkTaskResult).
                 logger.warning("result not loadable job=%s: %r", record.id, exc)
@@ -315,7 +315,8 @@ class ZooKeeperBackend(BaseTaskBackend):
         if record.payload is not None:
             try:
                 blob = envelope.open_envelope(record.payload, job_id=record.id,
-                                              kind=envelope.PAYLOAD, key=self.conf.signing_key)
+                                              kind=envelope.PAYLOAD,
+                                              keys=self.conf.verify_keys)
                 call = serialization.load_call(blob)
                 return call.func, call.args, call.kwargs, call.policy
             except PayloadVerificationError as exc:
@@ -595,10 +596,11 @@ class ZooKeeperBackend(BaseTaskBackend):
                                     "submit the job again.")
         try:
             envelope.open_envelope(record.payload, job_id=job_id, kind=envelope.PAYLOAD,
-                                   key=self.conf.signing_key)
+                                   keys=self.conf.verify_keys)
         except PayloadVerificationError as exc:
             raise DeadLetterRefused(f"{exc} Set the same SIGNING_KEY on web processes and "
-                                    "workers, then re-queue it.") from exc
+                                    "workers (or list the key it was signed with in "
+                                    "SIGNING_KEY_FALLBACKS), then re-queue it.") from exc
         if record.state == records.SUCCESSFUL:
             raise DeadLetterRefused(f"Job {job_id} succeeded already; discard the entry.")
         if record.state != records.FAILED:

@@ -26,6 +26,7 @@ class Options:
     auth: str | None
     signing_key: str
     max_record_bytes: int
+    signing_key_fallbacks: tuple[str, ...] = ()
     dead_letter_ttl: float | None = 30 * 86400
     dead_letter_limit: int = 1000
     schedules: tuple = ()
@@ -35,6 +36,11 @@ class Options:
         """Identify the ZooKeeper session these options need (shared by equal backends)."""
         return (self.hosts, self.auth, self.session_timeout)
 
+    @property
+    def verify_keys(self) -> tuple[str, ...]:
+        """The keys a signature is checked against: SIGNING_KEY, then its fallbacks."""
+        return (self.signing_key, *self.signing_key_fallbacks)
+
     @classmethod
     def from_params(cls, alias: str, params: dict) -> "Options":
         """Build options from a TASKS entry, raising ConfigurationError on bad values."""
@@ -42,8 +48,8 @@ class Options:
         where = f"TASKS[{alias!r}]['OPTIONS']"
         known = {
             "HOSTS", "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "RESULT_TTL", "AUTH",
-            "SIGNING_KEY", "MAX_RECORD_BYTES", "SCHEDULES", "DEAD_LETTER_TTL",
-            "DEAD_LETTER_LIMIT",
+            "SIGNING_KEY", "SIGNING_KEY_FALLBACKS", "MAX_RECORD_BYTES", "SCHEDULES",
+            "DEAD_LETTER_TTL", "DEAD_LETTER_LIMIT",
         }
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -89,6 +95,7 @@ class Options:
             raise ConfigurationError(
                 f"{where}['SIGNING_KEY'] is empty and so is SECRET_KEY; payloads must be signed."
             )
+        fallbacks = _fallbacks(raw, where)
         max_record = _whole(raw.get("MAX_RECORD_BYTES", DEFAULT_MAX_RECORD_BYTES))
         if max_record is None or not 10_000 <= max_record <= 0xFFFFF:
             raise ConfigurationError(
@@ -121,10 +128,31 @@ class Options:
             result_ttl=math.ceil(result_ttl),
             auth=auth,
             signing_key=str(signing_key),
+            signing_key_fallbacks=fallbacks,
             max_record_bytes=max_record,
             dead_letter_ttl=dead_letter_ttl,
             dead_letter_limit=dead_letter_limit,
         )
+
+
+def _fallbacks(raw: dict, where: str) -> tuple[str, ...]:
+    """SIGNING_KEY_FALLBACKS, or Django's SECRET_KEY_FALLBACKS while SIGNING_KEY is
+    SECRET_KEY: rotating SECRET_KEY the way Django documents then keeps the jobs and
+    results signed with the old key readable."""
+    if "SIGNING_KEY_FALLBACKS" in raw:
+        value, name = raw["SIGNING_KEY_FALLBACKS"], f"{where}['SIGNING_KEY_FALLBACKS']"
+    elif raw.get("SIGNING_KEY"):
+        return ()
+    else:
+        value, name = getattr(settings, "SECRET_KEY_FALLBACKS", ()), "SECRET_KEY_FALLBACKS"
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not all(
+            isinstance(key, str) and key for key in value):
+        raise ConfigurationError(
+            f"{name} is {value!r}; give a list of the previous keys (non-empty strings), "
+            "newest first, or [].")
+    return tuple(value)
 
 
 def _positive(value, where, key):

@@ -596,14 +596,13 @@ class Reader:
         if found is None:
             return None
         record = StatusRecord.from_bytes(found[0], path=path)
-        key = self.conf.signing_key
         verified, why = False, ""
         if record.payload is None:
             why = "This job's record holds no payload."
         else:
             try:
                 envelope.open_envelope(record.payload, job_id=job_id, kind=envelope.PAYLOAD,
-                                       key=key)
+                                       keys=self.conf.verify_keys)
                 verified = True
             except PayloadVerificationError as exc:
                 why = str(exc)

@@ -4,6 +4,10 @@ An envelope is {"mac": hex, "data": base64}: the MAC is HMAC-SHA256 over the kin
 ("payload" or "result"), the job id and the bytes, keyed by SIGNING_KEY, so a payload
 copied to another job, a result passed off as a payload, or bytes written by anyone
 without the key are refused before dill sees them.
+
+Envelopes are always sealed with SIGNING_KEY and opened with it or any of
+SIGNING_KEY_FALLBACKS, as django.core.signing does with SECRET_KEY_FALLBACKS: a key can
+be rotated without failing the jobs and results signed before.
 """
 
 import base64
@@ -11,6 +15,7 @@ import binascii
 import functools
 import hashlib
 import hmac
+from collections.abc import Sequence
 
 from django.utils.crypto import constant_time_compare
 
@@ -44,8 +49,13 @@ def seal(blob: bytes, *, job_id: str, kind: str, key: str) -> dict:
     }
 
 
-def open_envelope(envelope, *, job_id: str, kind: str, key: str) -> bytes:
-    """Return the verified bytes of an envelope, or raise PayloadVerificationError."""
+def open_envelope(envelope, *, job_id: str, kind: str, keys: Sequence[str]) -> bytes:
+    """Return the verified bytes of an envelope, or raise PayloadVerificationError.
+
+    `keys`: the current key first, then the fallbacks (conf.Options.verify_keys).
+    """
+    if isinstance(keys, str):  # one key: iterating it would try each character
+        keys = (keys,)
     if not isinstance(envelope, dict) or not envelope.get("mac") or "data" not in envelope:
         raise PayloadVerificationError(
             f"The {kind} of job {job_id!r} is not signed; it will not be loaded."
@@ -56,15 +66,17 @@ def open_envelope(envelope, *, job_id: str, kind: str, key: str) -> bytes:
         raise PayloadVerificationError(
             f"The {kind} of job {job_id!r} is not valid base64; it will not be loaded."
         ) from exc
-    expected = _mac(blob, job_id=job_id, kind=kind, key=key)
-    if not constant_time_compare(expected, str(envelope["mac"])):
+    mac = str(envelope["mac"])
+    if not any(constant_time_compare(_mac(blob, job_id=job_id, kind=kind, key=key), mac)
+               for key in keys):
         raise PayloadVerificationError(
             f"The {kind} of job {job_id!r} fails its signature check (tampered, copied from "
-            "another job, or signed with another SIGNING_KEY); it will not be loaded."
+            "another job, or signed with another SIGNING_KEY: after a rotation, list the "
+            "old key in SIGNING_KEY_FALLBACKS); it will not be loaded."
         )
     return blob
 
 
-def load(envelope, *, job_id: str, kind: str, key: str):
+def load(envelope, *, job_id: str, kind: str, keys: Sequence[str]):
     """Verify an envelope, then unpickle it."""
-    return loads(open_envelope(envelope, job_id=job_id, kind=kind, key=key))
+    return loads(open_envelope(envelope, job_id=job_id, kind=kind, keys=keys))

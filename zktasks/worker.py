@@ -850,13 +850,13 @@ class Worker:
         _execute needs, or None if the job is not to run."""
         job_id, worker_id = item.job_id, item.worker_id
         record, version = item.found.record, item.found.version
-        key = self.options.signing_key
         if record.is_finished:
             self.store.drop_assignment(worker_id, job_id)  # cancelled or already done
             return None
         try:
             blob = envelope.open_envelope(record.payload, job_id=job_id,
-                                          kind=envelope.PAYLOAD, key=key)
+                                          kind=envelope.PAYLOAD,
+                                          keys=self.options.verify_keys)
         except PayloadVerificationError as exc:
             # Failed as before, and noted in the dead letters (in the same multi) so that
             # an operator can re-queue it once SIGNING_KEY is right.

@@ -75,6 +75,43 @@ def test_payload_signed_with_another_key_is_refused(settings, zk_hosts, zk_root,
     assert result.errors[-1].exception_class_path.endswith("PayloadVerificationError")
 
 
+def test_a_rotated_signing_key_keeps_what_the_old_one_signed(settings, zk_settings,
+                                                            start_worker):
+    """Rotating as Django documents for SECRET_KEY: the new key signs, the old one, listed
+    in SIGNING_KEY_FALLBACKS, still verifies the jobs and results it signed."""
+    from django.tasks import task_backends
+
+    def keys(signing_key, fallbacks=None):
+        options = {**settings.TASKS["default"]["OPTIONS"], "SIGNING_KEY": signing_key}
+        options.pop("SIGNING_KEY_FALLBACKS", None)
+        if fallbacks is not None:
+            options["SIGNING_KEY_FALLBACKS"] = fallbacks
+        settings.TASKS = {"default": {**settings.TASKS["default"], "OPTIONS": options}}
+        return task_backends["default"]
+
+    keys("old-key")
+    before = start_worker(name="before")
+    done = tasks.add.submit(1, 2)
+    assert done.wait(timeout=30).return_value == 3  # its result is signed with old-key
+    before.stop(graceful=True)
+    assert before.wait_stopped(30)
+    waiting = tasks.add.submit(2, 3)  # its payload too
+
+    rotated = keys("new-key", ["old-key"])
+    start_worker(name="after")
+    assert rotated.wait(waiting.id, timeout=30).return_value == 5
+    assert rotated.get_result(done.id).return_value == 3
+    after = tasks.add.submit(3, 4).wait(timeout=30)
+    assert after.return_value == 7
+
+    # What was written since is signed with the new key alone.
+    only_new = keys("new-key", [])
+    assert only_new.get_result(waiting.id).return_value == 5
+    assert only_new.get_result(after.id).return_value == 7
+    with pytest.raises(Exception, match="SIGNING_KEY_FALLBACKS"):
+        _ = only_new.get_result(done.id).return_value
+
+
 def test_corrupt_status_record_fails_job_and_worker_goes_on(backend, start_worker, zk_client):
     job = tasks.add.submit(1, 2)
     zk_client.set(backend.store.layout.status(job.id), b"\x80not json")

@@ -27,11 +27,11 @@ KEY = "k" * 50
 
 def test_envelope_round_trip_and_binding():
     sealed = envelope.seal(b"abc", job_id="j1", kind=envelope.PAYLOAD, key=KEY)
-    assert envelope.open_envelope(sealed, job_id="j1", kind=envelope.PAYLOAD, key=KEY) == b"abc"
+    assert envelope.open_envelope(sealed, job_id="j1", kind=envelope.PAYLOAD, keys=(KEY,)) == b"abc"
     for job_id, kind, key in [("j2", envelope.PAYLOAD, KEY), ("j1", envelope.RESULT, KEY),
                               ("j1", envelope.PAYLOAD, "other")]:
         with pytest.raises(PayloadVerificationError):
-            envelope.open_envelope(sealed, job_id=job_id, kind=kind, key=key)
+            envelope.open_envelope(sealed, job_id=job_id, kind=kind, keys=(key,))
 
 
 def test_envelope_refuses_modified_bytes_and_garbage():
@@ -39,7 +39,20 @@ def test_envelope_refuses_modified_bytes_and_garbage():
     forged = dict(sealed, data=base64.b64encode(b"abd").decode())
     for bad in (forged, {"data": sealed["data"]}, None, "x", dict(sealed, data="%%%")):
         with pytest.raises(PayloadVerificationError):
-            envelope.open_envelope(bad, job_id="j", kind="payload", key=KEY)
+            envelope.open_envelope(bad, job_id="j", kind="payload", keys=(KEY,))
+
+
+def test_envelope_opens_with_a_fallback_key_and_seals_with_the_current_one():
+    old = envelope.seal(b"abc", job_id="j", kind=envelope.PAYLOAD, key="old-key")
+    keys = ("new-key", "old-key")
+    assert envelope.open_envelope(old, job_id="j", kind=envelope.PAYLOAD, keys=keys) == b"abc"
+    with pytest.raises(PayloadVerificationError, match="SIGNING_KEY_FALLBACKS"):
+        envelope.open_envelope(old, job_id="j", kind=envelope.PAYLOAD, keys=("new-key",))
+    # One key given as a string is that key, not its characters.
+    assert envelope.open_envelope(old, job_id="j", kind=envelope.PAYLOAD,
+                                  keys="old-key") == b"abc"
+    with pytest.raises(PayloadVerificationError):
+        envelope.open_envelope(old, job_id="j", kind=envelope.PAYLOAD, keys="oldkey-")
 
 
 def test_mac_is_sha256():
@@ -167,6 +180,8 @@ def test_short_repr_survives_hostile_repr():
     ({"DEAD_LETTER_LIMIT": 0}, "DEAD_LETTER_LIMIT"),
     ({"DEAD_LETTER_LIMIT": 2.5}, "DEAD_LETTER_LIMIT"),
     ({"TYPO": 1}, "unknown keys"),
+    ({"SIGNING_KEY_FALLBACKS": "old-key"}, "SIGNING_KEY_FALLBACKS.*list"),
+    ({"SIGNING_KEY_FALLBACKS": ["old", ""]}, "SIGNING_KEY_FALLBACKS"),
 ])
 def test_options_errors_name_the_setting(options, match):
     with pytest.raises(ConfigurationError, match=match):
@@ -180,6 +195,21 @@ def test_options_defaults():
     assert options.dead_letter_ttl == 30 * 86400 and options.dead_letter_limit == 1000
     kept = Options.from_params("default", {"OPTIONS": {"DEAD_LETTER_TTL": None}})
     assert kept.dead_letter_ttl is None  # kept however old (the limit still holds)
+
+
+def test_signing_key_fallbacks_follow_secret_key_fallbacks_unless_set(settings):
+    settings.SECRET_KEY_FALLBACKS = ["old-secret"]
+    default = Options.from_params("default", {})
+    assert default.verify_keys == (settings.SECRET_KEY, "old-secret")
+    own = Options.from_params("default", {"OPTIONS": {"SIGNING_KEY": "mine"}})
+    assert own.verify_keys == ("mine",)  # SECRET_KEY's old keys never signed these
+    rotated = Options.from_params("default", {"OPTIONS": {
+        "SIGNING_KEY": "new", "SIGNING_KEY_FALLBACKS": ("older", "oldest")}})
+    assert rotated.signing_key == "new"
+    assert rotated.verify_keys == ("new", "older", "oldest")
+    settings.SECRET_KEY_FALLBACKS = "old-secret"
+    with pytest.raises(ConfigurationError, match="SECRET_KEY_FALLBACKS"):
+        Options.from_params("default", {})
 
 
 def test_plan_prefers_priority_then_age_and_least_loaded_worker():
