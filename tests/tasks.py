@@ -1,6 +1,7 @@
 """Tasks the test suite submits. Importable by workers started from the repo root."""
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -303,3 +304,16 @@ class Greeter:
 
 def join_with(separator, *parts):
     return separator.join(parts)
+
+
+@zk_task
+def pid():
+    """Return the pid of the process that runs it."""
+    return os.getpid()
+
+
+@zk_task
+def leaves_a_thread():
+    """Start a non-daemon thread that never ends (it keeps its process from exiting)."""
+    threading.Thread(target=threading.Event().wait, name="left-behind").start()
+    return os.getpid()

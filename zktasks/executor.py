@@ -311,6 +311,7 @@ class _Slot:
         self.killed = None  # the process a forced cancel sent SIGKILL, until reaped
         self.ready = False  # whether the task process has said it is set up
         self.runs = 0
+        self.handed = 0  # jobs handed to the current task process (--max-tasks-per-child)
         self.cancel_flags = ctx.Array("q", BATCH_MAX, lock=False)  # see context.py
 
     def ensure(self) -> None:
@@ -331,7 +332,7 @@ class _Slot:
         )
         self.process.start()
         child.close()
-        self.conn, self.ready = parent, False
+        self.conn, self.ready, self.handed = parent, False, 0
 
     def send(self, message):
         """Hand runs to the task process; return the connection, or None if it is gone."""
@@ -345,7 +346,32 @@ class _Slot:
             conn.send(message)
         except (EOFError, OSError):
             return None
+        self.handed += len(message) if isinstance(message, list) else 1
         return conn
+
+    def worn_out(self, max_tasks: int | None, max_memory_kb: int | None) -> str | None:
+        """Why the task process is to be replaced before its next job, or None."""
+        if max_tasks and self.handed >= max_tasks:
+            return f"it ran {self.handed} job(s) (--max-tasks-per-child {max_tasks})"
+        process = self.process
+        if max_memory_kb and process is not None and process.pid is not None:
+            rss = _rss_kb(process.pid)
+            if rss is not None and rss > max_memory_kb:
+                return (f"its resident memory is {rss:,} KB "
+                        f"(--max-memory-per-child {max_memory_kb:,})")
+        return None
+
+    def replace(self) -> None:
+        """Let the task process exit between jobs and start a fresh one at once, which
+        sets up while the slot waits for its next job (send() waits for it if need be)."""
+        process = self.process
+        self.close()  # the child, idle in recv(), sees EOF and exits
+        if process is not None:
+            # Reaped aside, not here: a task that left a non-daemon thread behind keeps
+            # its process from exiting, and the runner thread must not wait for it.
+            threading.Thread(target=_reap_retired, args=(process,), daemon=True,
+                             name=f"zktasks-reap-{process.pid}").start()
+        self.ensure()
 
     def _wait_ready(self, conn) -> None:
         if not conn.poll(READY_TIMEOUT):
@@ -463,6 +489,35 @@ class _Slot:
                 pass
 
 
+RETIRE_GRACE = 10.0  # seconds a replaced task process has to exit before it is killed
+
+
+def _reap_retired(process) -> None:
+    process.join(RETIRE_GRACE)
+    if process.is_alive():
+        logger.warning("A replaced task process (pid %s) did not exit within %gs (a "
+                       "non-daemon thread left running?); killing it.",
+                       process.pid, RETIRE_GRACE)
+        process.kill()
+        process.join(5)
+    try:
+        process.close()
+    except ValueError:
+        pass
+
+
+_PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024 if hasattr(os, "sysconf") else 4
+
+
+def _rss_kb(pid: int) -> int | None:
+    """Resident memory of a process in KB (Linux /proc), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_KB
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _describe_exit(code) -> str:
     if code is None:
         return "an unknown status"
@@ -490,12 +545,18 @@ class ProcessRunner:
     name = "process"
     batch_max = BATCH_MAX  # the most jobs run_many takes at once
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, *, max_tasks: int | None = None,
+                 max_memory_kb: int | None = None):
         self.ctx = multiprocessing.get_context("spawn")
         self.slots = [_Slot(self.ctx, i) for i in range(size)]
         self.free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._early_cancels: dict[str, bool] = {}
+        # Celery's --max-tasks-per-child and --max-memory-per-child: a task process is
+        # replaced between jobs once it ran that many, or grew past that much resident
+        # memory (a leak in task code, or a big import it keeps).
+        self.max_tasks = max_tasks
+        self.max_memory_kb = max_memory_kb
 
     def start(self) -> None:
         """Start every task process, without waiting for them to set up (wait_ready:
@@ -555,9 +616,19 @@ class ProcessRunner:
                     slot.queued = {execution.job_id: number}
             if force is not None:
                 return _not_started(execution)
-            return slot.run(number, execution)
+            outcome = slot.run(number, execution)
+            self._renew_if_worn(slot)
+            return outcome
         finally:
             self._release(slot)
+
+    def _renew_if_worn(self, slot: _Slot) -> None:
+        if not (self.max_tasks or self.max_memory_kb) or slot.process is None:
+            return
+        why = slot.worn_out(self.max_tasks, self.max_memory_kb)
+        if why:
+            logger.info("task process replaced pid=%s: %s", slot.process.pid, why)
+            slot.replace()
 
     def run_many(self, executions: list[Execution]) -> Iterator[Outcome]:
         """Run a batch of short jobs on one task process; yield their outcomes in order.
@@ -575,61 +646,71 @@ class ProcessRunner:
         """
         slot = self.free.get()
         try:
-            with self._lock:
-                early = {e.job_id for e in executions if e.job_id in self._early_cancels}
-                for job_id in early:
-                    del self._early_cancels[job_id]
-                slot.queued = {e.job_id: self._number(slot)
-                               for e in executions if e.job_id not in early}
-                slot.forced, slot.job_id = set(), None
-                batch = [(slot.queued[e.job_id], e) for e in executions
-                         if e.job_id not in early]
-            conn = slot.send(batch) if batch else None
-            for execution in executions:
-                job_id = execution.job_id
-                if job_id in early:
-                    yield _not_started(execution)
-                    continue
-                with self._lock:
-                    slot.job_id, slot.cancelled = job_id, False
-                    number = slot.queued[job_id]
-                    lost = conn is None or slot.conn is not conn
-                    killed = not lost and slot.process is slot.killed
-                # A forced cancel of the job before may have killed the process just
-                # after that job reported, while it ran this one: run this one again
-                # in a fresh process, unless its outcome had already been sent.
-                salvaged = slot.salvage(conn) if killed else None
-                if killed and salvaged is None:
-                    lost, conn = True, None
-                if lost:
-                    with self._lock:
-                        cancelled = job_id in slot.forced or slot.flagged(number)
-                        if not cancelled:
-                            # The batch ended before this job: it runs alone.
-                            slot.queued[job_id] = number = self._number(slot)
-                if salvaged is not None:
-                    outcome = salvaged
-                elif lost:
-                    outcome = (_not_started(execution) if cancelled
-                               else slot.run(number, execution))
-                elif job_id in slot.forced and not slot.reported():
-                    # Force-cancelled while it waited, and no outcome yet: the task
-                    # process is on it (or skipping it). Kill it as a running job is
-                    # killed. The jobs after it run alone: if the process had just
-                    # moved on to the next one, that one runs again from its start.
-                    slot.cancel(number, force=True)
-                    outcome = slot.outcome(conn, execution)
-                    conn = None
-                else:
-                    outcome = slot.outcome(conn, execution)
-                with self._lock:
-                    # At once: a force-cancel of this job from now on must not kill the
-                    # next one, which the task process may already be running.
-                    slot.queued.pop(job_id, None)
-                    slot.job_id = None
-                yield outcome
+            while executions:
+                # Never more jobs in one task process than --max-tasks-per-child allows.
+                take = len(executions)
+                if self.max_tasks:
+                    take = max(1, min(take, self.max_tasks - slot.handed))
+                yield from self._run_batch(slot, executions[:take])
+                self._renew_if_worn(slot)
+                executions = executions[take:]
         finally:
             self._release(slot)
+
+    def _run_batch(self, slot: _Slot, executions: list[Execution]) -> Iterator[Outcome]:
+        with self._lock:
+            early = {e.job_id for e in executions if e.job_id in self._early_cancels}
+            for job_id in early:
+                del self._early_cancels[job_id]
+            slot.queued = {e.job_id: self._number(slot)
+                           for e in executions if e.job_id not in early}
+            slot.forced, slot.job_id = set(), None
+            batch = [(slot.queued[e.job_id], e) for e in executions
+                     if e.job_id not in early]
+        conn = slot.send(batch) if batch else None
+        for execution in executions:
+            job_id = execution.job_id
+            if job_id in early:
+                yield _not_started(execution)
+                continue
+            with self._lock:
+                slot.job_id, slot.cancelled = job_id, False
+                number = slot.queued[job_id]
+                lost = conn is None or slot.conn is not conn
+                killed = not lost and slot.process is slot.killed
+            # A forced cancel of the job before may have killed the process just
+            # after that job reported, while it ran this one: run this one again
+            # in a fresh process, unless its outcome had already been sent.
+            salvaged = slot.salvage(conn) if killed else None
+            if killed and salvaged is None:
+                lost, conn = True, None
+            if lost:
+                with self._lock:
+                    cancelled = job_id in slot.forced or slot.flagged(number)
+                    if not cancelled:
+                        # The batch ended before this job: it runs alone.
+                        slot.queued[job_id] = number = self._number(slot)
+            if salvaged is not None:
+                outcome = salvaged
+            elif lost:
+                outcome = (_not_started(execution) if cancelled
+                           else slot.run(number, execution))
+            elif job_id in slot.forced and not slot.reported():
+                # Force-cancelled while it waited, and no outcome yet: the task
+                # process is on it (or skipping it). Kill it as a running job is
+                # killed. The jobs after it run alone: if the process had just
+                # moved on to the next one, that one runs again from its start.
+                slot.cancel(number, force=True)
+                outcome = slot.outcome(conn, execution)
+                conn = None
+            else:
+                outcome = slot.outcome(conn, execution)
+            with self._lock:
+                # At once: a force-cancel of this job from now on must not kill the
+                # next one, which the task process may already be running.
+                slot.queued.pop(job_id, None)
+                slot.job_id = None
+            yield outcome
 
     @staticmethod
     def _number(slot: _Slot) -> int:
@@ -687,9 +768,13 @@ class ProcessRunner:
             slot.close()
 
 
-def make_runner(pool: str, concurrency: int):
+def make_runner(pool: str, concurrency: int, *, max_tasks: int | None = None,
+                max_memory_kb: int | None = None):
     if pool == "thread":
+        if max_tasks or max_memory_kb:
+            raise ValueError("--max-tasks-per-child and --max-memory-per-child replace task "
+                             "processes; threads have none: use them with --pool process.")
         return ThreadRunner()
     if pool == "process":
-        return ProcessRunner(concurrency)
+        return ProcessRunner(concurrency, max_tasks=max_tasks, max_memory_kb=max_memory_kb)
     raise ValueError(f"Unknown pool {pool!r}; use 'process' or 'thread'.")

@@ -109,7 +109,8 @@ class Worker:
     def __init__(self, *, backend: str = "default", queues: list[str] | None = None,
                  concurrency: int = 1, pool: str = "process", name: str | None = None,
                  lead: bool = True, prefetch: int | None = None,
-                 drain_timeout: float = 30.0):
+                 drain_timeout: float = 30.0, max_tasks_per_child: int | None = None,
+                 max_memory_per_child: int | None = None):
         self.backend = task_backends[backend]
         from .backend import ZooKeeperBackend
 
@@ -138,7 +139,8 @@ class Worker:
         self.client = None
         self.store: Store | None = None
         self.leader: Leader | None = None
-        self.runner = make_runner(pool, self.concurrency)
+        self.runner = make_runner(pool, self.concurrency, max_tasks=max_tasks_per_child,
+                                  max_memory_kb=max_memory_per_child)
         # At most `concurrency` jobs execute at once, whatever the number of runners.
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self._run_avg: float | None = None  # moving average of execution time (seconds)

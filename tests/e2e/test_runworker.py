@@ -129,6 +129,16 @@ def test_process_pool_contains_crashes_and_timeouts(backend, runworker, zk_clien
     assert fine.wait(timeout=60).return_value == 4  # the worker went on
 
 
+def test_max_tasks_per_child_runs_each_job_in_a_fresh_task_process(backend, runworker,
+                                                                    zk_client):
+    proc = runworker("--concurrency", "1", "--max-tasks-per-child", "1", name="recycle")
+    wait_registered(zk_client, backend, 1)
+    jobs = [tasks.pid.submit() for _ in range(3)]
+    pids = [job.wait(timeout=60).return_value for job in jobs]
+    assert len(set(pids)) == 3 and proc.pid not in pids
+    assert "task process replaced" in proc.log_path.read_text()
+
+
 def test_runworker_rejects_bad_options(runworker, zk_settings):
     proc = runworker("--concurrency", "0")
     assert proc.wait(30) != 0
@@ -238,6 +248,8 @@ def test_task_process_dies_with_its_worker(backend, runworker, zk_client, tmp_pa
     (["--prefetch", "-1"], "must not be negative"),
     (["--queues", "default,,emails"], "empty queue name"),
     (["--backend", "nosuch"], "No task backend 'nosuch'"),
+    (["--pool", "thread", "--max-tasks-per-child", "5"], "or use --pool process"),
+    (["--max-memory-per-child", "0"], "must be at least 1"),
 ])
 def test_runworker_explains_wrong_options(runworker, zk_settings, args, message):
     proc = runworker(*args)

@@ -66,6 +66,15 @@ class Command(BaseCommand):
         parser.add_argument("--drain-timeout", type=seconds, default=30.0,
                             help="seconds to let running jobs finish on SIGTERM (default 30); "
                                  "past it they are handed back and runworker exits 1")
+        parser.add_argument("--max-tasks-per-child", type=whole_number(1), default=None,
+                            metavar="N",
+                            help="replace a task process once it has run N jobs (default: "
+                                 "never; --pool process only)")
+        parser.add_argument("--max-memory-per-child", type=whole_number(1), default=None,
+                            metavar="KB",
+                            help="replace a task process after a job that leaves it over KB "
+                                 "kilobytes of resident memory; the job itself completes "
+                                 "(default: no limit; --pool process only)")
 
     def handle(self, *args, **options):
         import os
@@ -82,12 +91,21 @@ class Command(BaseCommand):
                 f"Queues {unknown!r} are not in TASKS[{alias!r}]['QUEUES'] "
                 f"({sorted(backend.queues)!r}); add them there or drop them from --queues."
             )
+        recycle = [f"--{name.replace('_', '-')}" for name in
+                   ("max_tasks_per_child", "max_memory_per_child") if options[name]]
+        if recycle and options["pool"] != "process":
+            raise CommandError(
+                f"{' and '.join(recycle)} replace task processes, and --pool "
+                f"{options['pool']} has none: drop {'them' if len(recycle) > 1 else 'it'} "
+                "or use --pool process.")
         try:
             worker = Worker(
                 backend=alias, queues=queues,
                 concurrency=options["concurrency"] or os.cpu_count() or 1,
                 pool=options["pool"], name=options["name"], lead=not options["no_leader"],
                 prefetch=options["prefetch"], drain_timeout=options["drain_timeout"],
+                max_tasks_per_child=options["max_tasks_per_child"],
+                max_memory_per_child=options["max_memory_per_child"],
             )
         except ZkTasksError as exc:
             raise CommandError(str(exc)) from exc

@@ -1,0 +1,91 @@
+"""--max-tasks-per-child and --max-memory-per-child: ProcessRunner replaces a task process
+between jobs, with real task processes (no ZooKeeper involved)."""
+
+import logging
+import os
+
+import pytest
+
+from tests import tasks
+from tests.unit.test_task_process_batches import execution, runs, value
+from tests.waiting import wait_until
+from zktasks import executor
+from zktasks.executor import ProcessRunner
+
+
+@pytest.fixture
+def make_runner():
+    started = []
+
+    def make(**limits):
+        runner = ProcessRunner(1, **limits)
+        runner.start()
+        started.append(runner)
+        return runner
+
+    yield make
+    for runner in started:
+        runner.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_task_process_is_replaced_after_max_tasks_jobs(make_runner, caplog):
+    caplog.set_level(logging.INFO, logger="zktasks.executor")
+    runner = make_runner(max_tasks=2)
+    pids = [value(runner.run(execution(tasks.pid))) for _ in range(5)]
+    assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
+    assert len(set(pids)) == 3
+    replaced = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
+    assert len(replaced) == 2 and "ran 2 job(s) (--max-tasks-per-child 2)" in replaced[0]
+    # The processes it replaced exited (and were reaped), none was left behind.
+    wait_until(lambda: not any(_alive(pid) for pid in pids[:4]), 10, "replaced to exit")
+
+
+def test_a_batch_is_split_where_the_process_reaches_its_limit(make_runner, tmp_path):
+    runner = make_runner(max_tasks=2)
+    first = value(runner.run(execution(tasks.pid)))  # one left for this process
+    outcomes = list(runner.run_many([execution(tasks.mark, str(tmp_path), n)
+                                     for n in range(1, 6)]))
+    assert [value(o) for o in outcomes] == [1, 2, 3, 4, 5]
+    by_number = {n: pids[0] for n, pids in runs(tmp_path).items()}
+    assert sorted(by_number) == [1, 2, 3, 4, 5]  # each ran once
+    assert by_number[1] == first
+    assert by_number[2] == by_number[3] != by_number[1]
+    assert by_number[4] == by_number[5] != by_number[3]
+
+
+def test_a_task_process_over_max_memory_is_replaced_after_its_job(make_runner, caplog):
+    caplog.set_level(logging.INFO, logger="zktasks.executor")
+    runner = make_runner(max_memory_kb=1)  # any process is over 1 KB
+    pids = [value(runner.run(execution(tasks.pid))) for _ in range(3)]
+    assert len(set(pids)) == 3  # each job completed, then its process was replaced
+    assert any("resident memory" in r.getMessage() and "--max-memory-per-child 1)"
+               in r.getMessage() for r in caplog.records)
+
+
+def test_memory_under_the_limit_keeps_the_process(make_runner):
+    runner = make_runner(max_memory_kb=50 * 1024 * 1024)  # 50 GB
+    pids = {value(runner.run(execution(tasks.pid))) for _ in range(3)}
+    assert len(pids) == 1
+
+
+def test_a_replaced_process_held_up_by_a_thread_is_killed(make_runner, monkeypatch, caplog):
+    monkeypatch.setattr(executor, "RETIRE_GRACE", 0.5)
+    runner = make_runner(max_tasks=1)
+    stuck = value(runner.run(execution(tasks.leaves_a_thread)))
+    # The runner did not wait for it: the next job runs in a fresh process at once.
+    assert value(runner.run(execution(tasks.pid))) not in (stuck, os.getpid())
+    wait_until(lambda: not _alive(stuck), 10, "the stuck process to be killed")
+    assert any("did not exit" in r.getMessage() for r in caplog.records)
+
+
+def test_threads_have_no_process_to_replace():
+    with pytest.raises(ValueError, match="--pool process"):
+        executor.make_runner("thread", 4, max_tasks=10)
