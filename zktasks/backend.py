@@ -39,7 +39,14 @@ from .pipeline import current as pipeline_of
 from .records import StatusRecord
 from .store import Store, failures, mark_draining
 from .task import UnloadableValue, ZkTask, ZkTaskResult
-from .tree import BUCKET_MS, QUEUE_RE, delayed_node_name, is_job_id, job_node_name
+from .tree import (
+    BUCKET_MS,
+    QUEUE_RE,
+    delayed_node_name,
+    is_job_id,
+    is_znode_name,
+    job_node_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -642,6 +649,8 @@ class ZooKeeperBackend(BaseTaskBackend):
             "Ask again once the ensemble answers (asking twice is harmless).")
 
     def _drain_worker(self, store: Store, worker_id: str) -> bool:
+        if not is_znode_name(worker_id):  # "..", "a/b": no worker can have that id
+            return False
         data = store.update_worker(worker_id, mark_draining)
         return bool(data and data.get("draining"))
 

@@ -127,7 +127,9 @@ def close_clients(keep: set[tuple] | None = None) -> None:
                 client.stop()
                 client.close()
             except Exception:  # closing must not mask the caller's work
-                logger.debug("closing ZooKeeper client failed key=%s", key, exc_info=True)
+                # The hosts only: the key holds AUTH's password too.
+                logger.debug("closing ZooKeeper client failed hosts=%s", key[0],
+                             exc_info=True)
 
 
 def _on_setting_changed(*, setting, **kwargs):

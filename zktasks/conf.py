@@ -2,7 +2,7 @@
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 
@@ -23,10 +23,11 @@ class Options:
     session_timeout: float
     connect_timeout: float
     result_ttl: int
-    auth: str | None
-    signing_key: str
+    # Secrets stay out of repr(): error pages and error trackers print the locals.
+    auth: str | None = field(repr=False)
+    signing_key: str = field(repr=False)
     max_record_bytes: int
-    signing_key_fallbacks: tuple[str, ...] = ()
+    signing_key_fallbacks: tuple[str, ...] = field(default=(), repr=False)
     dead_letter_ttl: float | None = 30 * 86400
     dead_letter_limit: int = 1000
     schedules: tuple = ()

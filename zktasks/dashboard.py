@@ -1407,7 +1407,7 @@ def failure_summary(job_id: str, item) -> dict:
         return {"id": job_id, "task": "", "queue": "", "error": "", "message": "(gone)",
                 "finished_at": None, "attempts": 0}
     try:
-        record = StatusRecord.from_bytes(item[0])
+        record = StatusRecord.from_bytes(item[0], path=f"status/{job_id}")
     except CorruptRecord as exc:
         return {"id": job_id, "task": "", "queue": "", "error": "CorruptRecord",
                 "message": str(exc)[:300], "finished_at": None, "attempts": 0}

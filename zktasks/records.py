@@ -5,6 +5,7 @@ are signed envelopes (see envelope.py); errors are text, never pickles.
 """
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 
@@ -124,10 +125,18 @@ class StatusRecord:
 
     @classmethod
     def from_bytes(cls, raw: bytes | None, *, path: str = "") -> "StatusRecord":
+        """Decode a status record; `path`, when given, is its znode ({ROOT}/status/{id}),
+        and the record must be that job's: a record copied whole from another job would
+        otherwise pass the signature checks, which bind the id the record states."""
         try:
             data = json.loads(raw or b"")
             if not isinstance(data, dict) or data.get("state") not in STATES:
                 raise ValueError("not a status record")
+            if path and data.get("id") != path.rpartition("/")[2]:
+                raise ValueError(f"its id {data.get('id')!r} is not the job id of its znode")
+            for key, kinds in _SHAPES.items():
+                if key in data and not isinstance(data[key], kinds):
+                    raise ValueError(f"its {key!r} is a {type(data[key]).__name__}")
             data.pop("v", None)
             for key in ("enqueued_at", "started_at", "finished_at", "last_attempted_at",
                         "run_after"):
@@ -142,7 +151,27 @@ class StatusRecord:
 
 
 _STATUS_FIELDS = tuple(f.name for f in fields(StatusRecord) if f.init)
+# What the pages and the worker use as such without checking it again.
+_SHAPES = {
+    "id": str, "task": str, "queue": str, "args_repr": str, "extra": dict,
+    "payload": (dict, type(None)), "result": (dict, type(None)),
+    "worker_ids": (list, type(None)), "errors": (list, type(None)),
+}
 _TIME_FIELDS = ("enqueued_at", "started_at", "finished_at", "last_attempted_at", "run_after")
+
+
+# Control characters but newline and tab. Error messages and tracebacks are the tasks'
+# text, often made of user input: raw, their escape sequences would reach an operator's
+# terminal (retitle it, clear it, fake output) from the shell command or a log line.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_OR_NEWLINE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, *, one_line: bool = False) -> str:
+    """`text` with control characters shown as escapes (\\x1b), for a terminal; with
+    `one_line`, newlines too (a log line that cannot pass for several)."""
+    pattern = _CONTROL_OR_NEWLINE if one_line else _CONTROL
+    return pattern.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def dumps(data: dict) -> bytes:

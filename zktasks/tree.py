@@ -119,6 +119,14 @@ def new_job_id() -> str:
     return f"{ms:012x}{counter:04x}{secrets.token_hex(8)}"
 
 
+ZNODE_NAME_RE = re.compile(r"^(?!\.\.?$)[^/\x00]{1,255}$")  # any one znode name
+
+
+def is_znode_name(value) -> bool:
+    """Whether `value` can be one step of a znode path (a worker id typed by a person)."""
+    return isinstance(value, str) and bool(ZNODE_NAME_RE.match(value))
+
+
 def is_job_id(value: str) -> bool:
     return bool(JOB_ID_RE.match(value))
 

@@ -24,13 +24,12 @@ from . import dashboard, deadletter, records
 from .admin import can_manage
 from .exceptions import CorruptRecord, DeadLetterRefused, JobNotFound
 from .models import Job
-from .tree import QUEUE_RE, is_job_id
+from .tree import QUEUE_RE, ZNODE_NAME_RE, is_job_id
 
 _JOB_NODE = re.compile(r"^\d{3}-[0-9a-f]{32}$")
 _DELAYED_NODE = re.compile(r"^\d{13}-\d{3}-[0-9a-f]{32}-.+$")
 _RESULTS_CURSOR = re.compile(r"^\d{13}/[0-9a-f]{32}$")
-_WORKER_ID = re.compile(r"^[^/\x00]{1,255}$")
-_ENTRY_NAME = re.compile(r"^(?!\.\.?$)[^/\x00]{1,255}$")  # any znode name (garbage too)
+_WORKER_ID = _ENTRY_NAME = ZNODE_NAME_RE  # any znode name (a dead letter's: garbage too)
 
 DEAD_LETTER_PREVIEW = 2_000  # characters of an entry's data shown
 

@@ -1060,7 +1060,7 @@ class Worker:
             error = final.errors[-1] if final.errors else None
             logger.error("job failed job=%s task=%s worker=%s error=%s: %s", job_id,
                          final.task, worker_id, error and error.exception_class_path,
-                         error and error.message)
+                         error and records.printable(error.message, one_line=True))
         self._send(task_finished, final, call)
 
     def _final_record(self, running: StatusRecord, outcome: Outcome, worker_id: str):

@@ -91,3 +91,30 @@ def test_an_unsigned_result_is_not_unpickled_by_the_web_process(admin_client, ba
     assert "Not shown" in html and "signature check" in html
     assert "echo(&#x27;fine&#x27;)" in html  # the verified arguments still show
     assert not marker.exists()
+
+
+def test_a_record_of_an_odd_shape_breaks_no_page(admin_client, backend, start_worker,
+                                                 zk_client):
+    """A status record whose id is not its znode's (a "/" in it broke every link) or
+    whose fields have other types is shown as corrupt, never as a server error."""
+    import json
+
+    start_worker()
+    odd_id, odd_extra = dash_tasks.raise_text.submit("x"), dash_tasks.echo.submit("y")
+    odd_id.wait(timeout=30)
+    odd_extra.wait(timeout=30)
+    for job, change in ((odd_id, {"id": "a/b"}), (odd_extra, {"extra": ["not", "a dict"]})):
+        path = backend.store.layout.status(job.id)
+        data = json.loads(zk_client.get(path)[0])
+        zk_client.set(path, json.dumps({**data, **change}).encode())
+    from zktasks import dashboard
+
+    state = dashboard.live_state(backend)
+    wait_until(lambda: state.snapshot()["recent_failures"], 20, "the failure in the cache")
+    for page in pages(odd_id.id, f"/status/{odd_id.id}") + [
+            url("zktasks_job_change", odd_extra.id), url("zktasks_pending"),
+            url("zktasks_assignments")]:
+        response = admin_client.get(page)
+        assert response.status_code == 200, page
+    html = admin_client.get(url("zktasks_job_change", odd_extra.id)).content.decode()
+    assert "not a dict" not in html and "status record" in html

@@ -148,6 +148,9 @@ def test_bad_ids_and_unknown_things_say_what_is_wrong(backend, zk_client):
         zktasks("retry", "0" * 32)
     with pytest.raises(CommandError, match="No worker 'w-1' is registered"):
         zktasks("drain", "w-1")
+    for not_a_name in ("..", ".", "a/b"):  # kazoo raised ValueError on the first two
+        with pytest.raises(CommandError, match="No worker .* is registered"):
+            zktasks("drain", not_a_name)
     with pytest.raises(CommandError, match="No dead-letter entry"):
         zktasks("discard", "nothing-here")
 
@@ -203,6 +206,25 @@ def test_dead_letters_are_listed_requeued_and_discarded(backend, zk_client, star
     assert job.wait(timeout=30).return_value == 5
     assert "Discarded dead letter" in zktasks("discard", junk)
     assert json.loads(zktasks("dead-letters", "--json")) == []
+
+
+def test_escape_sequences_in_a_tasks_error_do_not_reach_the_terminal(backend, start_worker,
+                                                                    caplog):
+    evil = "\x1b]0;retitled\x07\x1b[2Jcleared\nforged line"
+    start_worker()
+    job = tasks.boom.submit(evil)
+    job.wait(timeout=30)
+    shown = zktasks("show", job.id)
+    assert "\x1b" not in shown and "\\x1b]0;retitled\\x07" in shown
+    assert json.loads(zktasks("show", job.id, "--json"))["errors"][-1]["message"] == evil
+
+    def logged():
+        return [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("job failed")]
+    # The worker logs the failure once it is recorded: maybe just after wait() returned.
+    wait_until(logged, 10, "the worker's log line")
+    assert "\x1b" not in logged()[0] and "\n" not in logged()[0]
+    assert "cleared\\nforged line" in logged()[0]
 
 
 def test_drain_asks_a_worker_to_leave(backend, start_worker):

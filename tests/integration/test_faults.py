@@ -12,6 +12,7 @@ from kazoo.client import KazooClient
 from tests import tasks
 from tests.pending import pending_nodes
 from tests.waiting import wait_for_children, wait_until
+from zktasks.exceptions import CorruptRecord
 from zktasks.leader import Leader
 from zktasks.records import ErrorRecord, StatusRecord
 from zktasks.store import Store, failures
@@ -58,6 +59,33 @@ def test_payload_copied_from_another_job_is_refused(backend, start_worker, zk_cl
     assert victim.status == TaskResultStatus.FAILED
     assert victim.errors[-1].exception_class_path.endswith("PayloadVerificationError")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_status_record_copied_whole_from_another_job_is_refused(backend, start_worker,
+                                                                  zk_client, tmp_path):
+    """The signatures bind the id a record states: a record copied whole (id included)
+    is refused because that id is not its znode's."""
+    layout = backend.store.layout
+    done_donor, done_victim = tasks.add.submit(2, 2), tasks.add.submit(1, 1)
+    waiting_victim = tasks.add.submit(3, 3)
+    waiting_donor = tasks.mark.submit(str(tmp_path), 1)
+    backend.cancel(waiting_donor.id)
+    zk_client.set(layout.status(waiting_victim.id),
+                  zk_client.get(layout.status(waiting_donor.id))[0])
+    # Swapped before any worker read it: the job fails instead of running the donor's call.
+    start_worker()
+    assert done_donor.wait(timeout=30).return_value == 4
+    done_victim.wait(timeout=30)
+    zk_client.set(layout.status(done_victim.id), zk_client.get(layout.status(done_donor.id))[0])
+    with pytest.raises(CorruptRecord, match="not the job id of its znode"):
+        backend.get_result(done_victim.id)
+    wait_until(lambda: StatusRecord.from_bytes(
+        zk_client.get(layout.status(waiting_victim.id))[0]).state == "FAILED", 30,
+        "the record-swapped job to fail")
+    record = StatusRecord.from_bytes(zk_client.get(layout.status(waiting_victim.id))[0])
+    assert record.id == waiting_victim.id
+    assert record.errors[-1].exception_class_path == "zktasks.exceptions.CorruptRecord"
+    assert list(tmp_path.iterdir()) == []  # the donor's call never ran
 
 
 def test_payload_signed_with_another_key_is_refused(settings, zk_hosts, zk_root, start_worker):

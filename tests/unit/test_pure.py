@@ -197,6 +197,14 @@ def test_options_defaults():
     assert kept.dead_letter_ttl is None  # kept however old (the limit still holds)
 
 
+def test_options_keep_their_secrets_out_of_repr():
+    options = Options.from_params("default", {"OPTIONS": {
+        "AUTH": "alice:s3cret", "SIGNING_KEY": "sk-XYZ", "SIGNING_KEY_FALLBACKS": ["sk-OLD"]}})
+    text = repr(options)
+    assert "127.0.0.1:2181" in text
+    assert not any(secret in text for secret in ("s3cret", "sk-XYZ", "sk-OLD"))
+
+
 def test_signing_key_fallbacks_follow_secret_key_fallbacks_unless_set(settings):
     settings.SECRET_KEY_FALLBACKS = ["old-secret"]
     default = Options.from_params("default", {})

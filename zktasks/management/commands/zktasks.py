@@ -154,7 +154,8 @@ class Command(BaseCommand):
     # -- output --------------------------------------------------------------------------
 
     def emit(self, data, text: str) -> None:
-        self.stdout.write(json.dumps(data, indent=2, default=_plain) if self.as_json else text)
+        self.stdout.write(json.dumps(data, indent=2, default=_plain) if self.as_json
+                          else records.printable(text))
 
     # -- reading -----------------------------------------------------------------------
 
