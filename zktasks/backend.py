@@ -32,6 +32,7 @@ from .exceptions import (
     JobCancelled,
     JobNotFound,
     PayloadVerificationError,
+    RetryRefused,
     ZooKeeperUnavailableError,
 )
 from .handler import inline_watch
@@ -507,6 +508,10 @@ class ZooKeeperBackend(BaseTaskBackend):
         record = found.record
         if record.state != records.FAILED or record.finished_at is None:
             return False
+        if record.payload is None:
+            raise RetryRefused(
+                f"Job {job_id} holds no payload (its record was corrupt and replaced): "
+                "nothing to run; submit the job again.")
         return self._send_back(store, found, note={"at": records.now().isoformat(),
                                                    "kind": "retry"})
 
@@ -540,18 +545,35 @@ class ZooKeeperBackend(BaseTaskBackend):
         waiting = store.waiting_path(again)
         status_path = store.layout.status(record.id)
         data = again.to_bytes()
+        # Its finish freed the unique key: an unfinished job holds it again, or two
+        # unfinished jobs would share it (the next submit with the key made another).
+        unique = store.layout.unique_key(record.unique_key) if failed and \
+            record.unique_key else None
 
         def build(txn):
             txn.set_data(status_path, data, version=found.version)
             if index:
                 txn.delete(index)
             txn.create(waiting, records.dumps({"id": record.id, "task": record.task}))
+            if unique:
+                txn.create(unique, records.dumps({"job_id": record.id,
+                                                  "key": record.unique_key}))
             if also:
                 also(txn)
 
         results = store.commit(build, landed=lambda: store._written(status_path, data),
                                waiting=[waiting])
-        return not failures(results)
+        failed_ops = failures(results)
+        unique_op = 3 if index else 2  # set_data, [delete index], create waiting, unique
+        if unique and failed_ops and failed_ops[0][0] == unique_op \
+                and isinstance(failed_ops[0][1], NodeExistsError):
+            holder = store.unique_holder(record.unique_key)
+            if holder != record.id:
+                raise RetryRefused(
+                    f"Job {record.id} was not sent back: its unique key "
+                    f"{record.unique_key!r} is held by job {holder}, which has not "
+                    "finished. Wait for it (or cancel it), then retry.")
+        return not failed_ops
 
     # -- dead letters --------------------------------------------------------------------
 

@@ -67,5 +67,9 @@ class Retry(ZkTasksError):
         self.delay = delay
 
 
+class RetryRefused(ZkTasksError):
+    """A failed job cannot be sent back to its queue now; the message says why."""
+
+
 class DeadLetterRefused(ZkTasksError):
     """A dead-letter entry cannot be re-queued (or is gone); the message says why."""

@@ -30,7 +30,7 @@ from kazoo.exceptions import (
 from . import records
 from .conf import Options
 from .connection import add_persistent_watch, remove_persistent_watch
-from .exceptions import PayloadTooLarge, ZooKeeperUnavailableError
+from .exceptions import CorruptRecord, PayloadTooLarge, ZooKeeperUnavailableError
 from .multiread import get_many_async
 from .records import StatusRecord
 from .tree import (
@@ -43,6 +43,7 @@ from .tree import (
     finished_entry,
     finished_leaf,
     finished_leaves,
+    is_job_id,
     job_node_name,
     parse_bucket,
     parse_finished_entry,
@@ -297,13 +298,60 @@ class Store:
                 self.ensure_queue(record.queue)
                 continue
             if index == 2 and isinstance(error, NodeExistsError):
-                try:
-                    raw, _ = self.retry(self.client.get, unique_path)
-                    return records.loads(raw, path=unique_path)["job_id"]
-                except NoNodeError:
-                    continue  # the holder finished meanwhile: try again
+                holder = self._live_holder(unique_path)
+                if holder is None:
+                    continue  # the holder finished meanwhile, or its key was stale
+                return holder
             raise error
         raise ZooKeeperUnavailableError(f"Could not create job {record.id!r}; try again.")
+
+    def unique_holder(self, key: str) -> str | None:
+        """The id of the job holding unique key `key`, or None."""
+        path = self.layout.unique_key(key)
+        try:
+            raw, _ = self.retry(self.client.get, path)
+        except NoNodeError:
+            return None
+        return records.loads(raw, path=path).get("job_id")
+
+    def _live_holder(self, unique_path: str) -> str | None:
+        """The job holding a unique key; None if the key is free to take again.
+
+        A job's finish, cancel and last hand-back free its key in the same multi, so a
+        key outlives its job only when the job's record was lost: replaced as corrupt
+        (the placeholder does not carry the key), or deleted by hand. Such a stale key
+        answered every later submit with a job that is gone; it is deleted here. A
+        holder that finished, key and all, is a race with that finish: look again.
+        """
+        try:
+            raw, stat = self.retry(self.client.get, unique_path)
+        except NoNodeError:
+            return None
+        try:
+            holder = records.loads(raw, path=unique_path).get("job_id")
+        except CorruptRecord:
+            holder = None
+        found = None
+        if isinstance(holder, str) and is_job_id(holder):
+            try:
+                found = self.read_status(holder)
+            except CorruptRecord:
+                found = None
+        if found is not None and found.record.unique_key is not None:
+            return None if found.record.is_finished else holder
+        logger.warning("unique key freed: its job %s has no record that holds it (path=%s)",
+                       holder, unique_path)
+        try:
+            # The same znode, not one made since by a submit that freed it first: a
+            # delete checks the version only, and every key starts at version 0. (Between
+            # this read and the delete a window of one round trip remains, in which two
+            # submitters would both have to free the same stale key.)
+            _, again = self.retry(self.client.get, unique_path)
+            if again.czxid == stat.czxid:
+                self.retry(self.client.delete, unique_path, version=stat.version)
+        except (NoNodeError, BadVersionError):
+            pass  # freed or taken meanwhile: the next attempt sees which
+        return None
 
     @staticmethod
     def job_data(record: StatusRecord) -> bytes:

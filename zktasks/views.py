@@ -22,7 +22,7 @@ from kazoo.exceptions import NoNodeError
 
 from . import dashboard, deadletter, records
 from .admin import can_manage
-from .exceptions import CorruptRecord, DeadLetterRefused, JobNotFound
+from .exceptions import CorruptRecord, DeadLetterRefused, JobNotFound, RetryRefused
 from .models import Job
 from .tree import QUEUE_RE, ZNODE_NAME_RE, is_job_id
 
@@ -351,6 +351,9 @@ class DashboardViews:
             except JobNotFound:
                 messages.error(request, f"No job has the id “{job_id}” (expired or purged).")
                 return HttpResponseRedirect(self.url("zktasks_job_changelist"))
+            except RetryRefused as exc:  # says why (a unique key held, no payload)
+                messages.error(request, str(exc))
+                return HttpResponseRedirect(back)
             except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
                 return self.unavailable(request, exc, title, "results")
             if ok:

@@ -11,6 +11,7 @@ from tests import tasks
 from tests.pending import delayed_nodes
 from tests.waiting import wait_for_data, wait_until
 from zktasks import InvalidTaskError, dashboard
+from zktasks.exceptions import CorruptRecord, RetryRefused
 
 
 def test_run_after_is_not_run_before_its_time(backend, start_worker, zk_client):
@@ -231,6 +232,57 @@ def test_unique_key_race_between_processes_gives_one_job(backend, settings, zk_c
         t.join(30)
     assert len(ids) == 4 and len(set(ids)) == 1
     assert len(zk_client.get_children(backend.store.layout.status_dir)) == 1
+
+
+def _failed_then_idle(start_worker, job):
+    """Let a worker fail `job`, then stop it, so that what follows stays pending."""
+    worker = start_worker()
+    assert job.wait(timeout=30).status == TaskResultStatus.FAILED
+    worker.stop(graceful=False)
+    assert worker.wait_stopped(30)
+
+
+def test_a_retried_job_takes_its_unique_key_back(backend, start_worker):
+    """Its finish freed the key: a retry without it let a second job take the key while
+    the first ran again (two unfinished jobs with one key)."""
+    failed = tasks.boom.using(unique_key="only-one").submit("no")
+    _failed_then_idle(start_worker, failed)
+    assert backend.retry(failed.id) is True
+    again = tasks.boom.using(unique_key="only-one").submit("again")
+    assert again.id == failed.id
+
+
+def test_a_retry_is_refused_while_another_job_holds_the_key(backend, start_worker):
+    failed = tasks.boom.using(unique_key="taken").submit("no")
+    _failed_then_idle(start_worker, failed)
+    newer = tasks.add.using(unique_key="taken").submit(1, 1)
+    assert newer.id != failed.id
+    with pytest.raises(RetryRefused, match=f"held by job {newer.id}"):
+        backend.retry(failed.id)
+    assert backend.get_result(failed.id).status == TaskResultStatus.FAILED
+
+
+def test_a_key_whose_job_record_was_lost_is_freed(backend, start_worker, zk_client, caplog):
+    """A corrupt record is replaced by a FAILED placeholder that does not know the key:
+    the key outlived it, and every later submit with it answered with that job (or,
+    once purged, raised JobNotFound). The placeholder cannot be retried either."""
+    lost = tasks.add.using(unique_key="lost").submit(1, 1)
+    zk_client.set(backend.store.layout.status(lost.id), b"\x80 not json")
+    start_worker()
+
+    def replaced():
+        try:
+            return backend.get_result(lost.id).status == TaskResultStatus.FAILED
+        except CorruptRecord:
+            return False  # not yet met by the worker
+    wait_until(replaced, 30, "the corrupt record replaced by a failed placeholder")
+    with pytest.raises(RetryRefused, match="holds no payload"):
+        backend.retry(lost.id)
+    fresh = tasks.add.using(unique_key="lost").submit(2, 2)
+    assert fresh.id != lost.id and fresh.wait(timeout=30).return_value == 4
+    assert any("unique key freed" in r.getMessage() for r in caplog.records)
+    backend.purge()  # the placeholder gone too: the key still works
+    assert tasks.add.using(unique_key="lost").submit(3, 3).wait(timeout=30).return_value == 6
 
 
 def test_cancel_frees_the_unique_key(backend):
