@@ -241,6 +241,24 @@ class Store:
             self.retry(self.client.ensure_path, path)
         self._skeleton_made = True
 
+    def open_to_anyone(self) -> list[str]:
+        """With AUTH set: ROOT and the skeleton's paths whose ACL still lets anyone in.
+
+        kazoo's default_acl applies to znodes created from then on, so a ROOT that
+        existed before AUTH was set keeps ZooKeeper's open ACL (world:anyone): anyone
+        can read its payloads, and delete or add under it."""
+        if not self.options.auth:
+            return []
+        open_paths = []
+        for path in (self.layout.root, *self.layout.skeleton()):
+            try:
+                acls, _ = self.retry(self.client.get_acls, path)
+            except NoNodeError:
+                continue
+            if any(acl.id.scheme == "world" for acl in acls):
+                open_paths.append(path)
+        return open_paths
+
     def ensure_queue(self, queue: str) -> None:
         if queue not in self._queues_made:
             self.ensure_skeleton()

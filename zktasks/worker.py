@@ -211,6 +211,7 @@ class Worker:
             self.store.ensure_skeleton()
             for q in self.queues or ["default"]:
                 self.store.ensure_queue(q)
+            self._warn_if_open()
             ready = self.runner.wait_ready(abort=self._stop_requested)
         except BaseException:
             self._close_unregistered()
@@ -278,6 +279,17 @@ class Worker:
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
+
+    def _warn_if_open(self) -> None:
+        open_paths = self.store.open_to_anyone()
+        if open_paths:
+            root = self.options.root
+            logger.error(
+                "AUTH is set, but %d znode(s) under %s were created before it and are open "
+                "to anyone (world:anyone), who can read payloads there and delete or add "
+                "jobs: %s. Give the whole tree the digest ACL once, in zkCli.sh (ZooKeeper "
+                "3.6+): addauth digest USER:PASSWORD, then setAcl -R %s auth::cdrwa",
+                len(open_paths), root, ", ".join(open_paths[:5]), root)
 
     # -- registration ------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
+from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl
 
 from tests import tasks
 from tests.conftest import zk_tasks_setting
@@ -51,3 +52,29 @@ def test_every_znode_carries_the_digest_acl_and_strangers_are_refused(
         stranger.stop()
         stranger.close()
     assert pending.status == "READY"
+
+
+def test_a_root_made_before_auth_was_set_is_reported_open(backend, start_worker, zk_hosts,
+                                                          zk_root, caplog):
+    """kazoo's default ACL applies to znodes made from then on: a ROOT that existed
+    before AUTH was set stays open to anyone, and the worker says how to close it."""
+    owner = KazooClient(hosts=zk_hosts, auth_data=[("digest", "alice:secret")])
+    owner.start(timeout=10)
+    try:
+        owner.ensure_path(f"{zk_root}/status", acl=OPEN_ACL_UNSAFE)  # as before AUTH
+        worker = start_worker()
+        opened = [r.getMessage() for r in caplog.records
+                  if r.levelname == "ERROR" and "open to anyone" in r.getMessage()]
+        assert len(opened) == 1
+        assert f"setAcl -R {zk_root} auth::cdrwa" in opened[0]
+        assert f"{zk_root}/status" in opened[0] and "secret" not in opened[0]
+        worker.stop(graceful=False)
+        assert worker.wait_stopped(15)
+        # What setAcl -R does, for the paths the worker checks: nothing is reported then.
+        for path in walk(owner, zk_root):
+            owner.set_acls(path, [make_digest_acl("alice", "secret", all=True)])
+        assert backend.store.open_to_anyone() == []
+    finally:
+        owner.delete(zk_root, recursive=True)  # the plugin's cleanup has no credentials
+        owner.stop()
+        owner.close()
