@@ -90,20 +90,37 @@ class SubmitPipeline:
             self.shards.add(parent)
         status_data = record.to_bytes()
         job_data = store.job_data(record)
+        size = len(status_data) + len(job_data)
+        # Wait for room before queueing this job, not after: if the wait raises, this job
+        # was neither buffered nor sent, so submitting it again makes no second job.
+        self._make_room(record, size)
         self.buffer.append((record, result, status_path, status_data, job_path, job_data))
-        self.buffer_bytes += len(status_data) + len(job_data)
+        self.buffer_bytes += size
         self.sent += 1
         if (not self.in_flight or self.in_flight[-1][1].ready()
                 or len(self.buffer) >= BATCH_JOBS
                 or self.buffer_bytes >= min(BATCH_BYTES, WINDOW_BYTES)):
             self._send_buffer()
-        lost = []
-        while len(self.in_flight) > 1 and (self.in_flight_jobs > WINDOW
-                                           or self.in_flight_bytes > WINDOW_BYTES):
-            lost += self._collect(*self.in_flight.popleft())
-        if lost:
-            raise self._error(lost)
         return result
+
+    def _make_room(self, record, size: int) -> None:
+        """Wait for the oldest multis until `record` fits in the window (jobs and bytes
+        returned but not confirmed); raise, saying it was not submitted, if they fail."""
+        lost: list[tuple[str, Exception]] = []
+        receiver_error = None
+        while self.in_flight and (
+                self.in_flight_jobs + len(self.buffer) + 1 > WINDOW
+                or self.in_flight_bytes + self.buffer_bytes + size > WINDOW_BYTES):
+            try:
+                lost += self._collect(*self.in_flight.popleft())
+            except Exception as exc:  # a task_enqueued receiver raised; its jobs are written
+                receiver_error = receiver_error or exc
+        not_sent = f"This job ({record.id}) was not submitted: submit it again."
+        if lost:
+            raise self._error(lost, not_sent)
+        if receiver_error is not None:
+            receiver_error.add_note(f"zktasks.pipelined(): {not_sent}")
+            raise receiver_error
 
     def _send_buffer(self) -> None:
         """Send the jobs waiting in one multi, without waiting for it."""
@@ -174,7 +191,7 @@ class SubmitPipeline:
             logger.info("pipelined(): %d of %d jobs were written again one by one",
                         self.resent, self.sent)
 
-    def _error(self, lost: list[tuple[str, Exception]]) -> ZkTasksError:
+    def _error(self, lost: list[tuple[str, Exception]], more_text: str = "") -> ZkTasksError:
         ids = ", ".join(job_id for job_id, _ in lost[:10])
         more = f" and {len(lost) - 10} more" if len(lost) > 10 else ""
         first = lost[0][1]
@@ -183,8 +200,8 @@ class SubmitPipeline:
         message = (
             f"{len(lost)} of the {self.sent} jobs submitted in a pipelined() block may not "
             f"have been written ({ids}{more}): {first} Call get_result(id) for each once "
-            "ZooKeeper answers, rather than submitting again."
-        )
+            f"ZooKeeper answers, rather than submitting again. {more_text}"
+        ).rstrip()
         exc = error(message)
         exc.__cause__ = first
         return exc
@@ -201,7 +218,8 @@ def pipelined(backend: str = DEFAULT_TASK_BACKEND_ALIAS):
     returns; on leaving it, every job is written (see the module's docstring).
 
     Nested blocks share the outermost one. If the block raises, the jobs already
-    submitted are still written before the exception propagates.
+    submitted are still written before the exception propagates; a note on it names
+    those that may not have been.
     """
     chosen = task_backends[backend]
     if not hasattr(chosen, "store"):
@@ -216,11 +234,15 @@ def pipelined(backend: str = DEFAULT_TASK_BACKEND_ALIAS):
     try:
         try:
             yield pipeline
-        except BaseException:
+        except BaseException as exc:
             try:
                 pipeline.flush()
-            except Exception:
+            except Exception as flush_error:
                 logger.exception("pipelined(): writing the jobs submitted before an error")
+                # The block's error propagates, not flush's: carry the jobs flush could
+                # not confirm on it, or the caller never learns which may be missing.
+                exc.add_note(f"zktasks.pipelined(), writing the jobs submitted before this "
+                             f"error: {flush_error}")
             raise
         pipeline.flush()
     finally:

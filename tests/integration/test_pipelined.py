@@ -1,13 +1,17 @@
 """`zktasks.pipelined()`: submits that do not wait, every job written when the block ends."""
 
+import secrets
+
 import pytest
 from django.tasks import TaskResultStatus
 from django.tasks.signals import task_enqueued
 
 import zktasks
 from tests import tasks
+from tests.conftest import use_zookeeper
 from tests.pending import delayed_nodes, pending_nodes
 from zktasks import pipeline
+from zktasks.testing import ZooKeeperServer
 
 
 @pytest.fixture
@@ -168,3 +172,82 @@ def test_a_receiver_that_raises_does_not_stop_the_block_writing(backend, zk_clie
     assert set(heard) == ids
     layout = backend.store.layout
     assert {name[-32:] for name in pending_nodes(zk_client, layout)} == ids
+
+
+@pytest.fixture
+def own_server():
+    """A server of the test's own, which it freezes (the suite's is shared)."""
+    server = ZooKeeperServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def freezable_backend(settings, own_server, zk_root, monkeypatch):
+    """The default backend on `own_server`, giving up on a frozen ZooKeeper after 1 s; the
+    session (30 s) outlives the freeze, so the requests queued meanwhile land after it."""
+    from django.tasks import task_backends
+
+    use_zookeeper(settings, monkeypatch, own_server.hosts, zk_root,
+                  CONNECT_TIMEOUT=1.0, SESSION_TIMEOUT=30.0)
+    monkeypatch.setattr(pipeline, "BATCH_JOBS", 1)  # a multi per job
+    monkeypatch.setattr(pipeline, "WINDOW", 2)
+    return task_backends["default"]
+
+
+def _written_first(pipe):
+    """Submit a job and wait for its multi: the queue's shard of this second is made."""
+    first = tasks.add.submit(0, 0)
+    pipe.in_flight[-1][1].get(timeout=30)
+    return first
+
+
+def _prepare_in_shard_of(backend, first, n: int):
+    """A job whose id shares `first`'s millisecond, hence its shard: sending it makes no
+    synchronous parent, which a frozen ZooKeeper would refuse before the pipeline."""
+    job_id = f"{first.id[:12]}{0xff00 + n:04x}{secrets.token_hex(8)}"
+    return backend.prepare(tasks.add, (n, 1), {}, job_id=job_id)
+
+
+def test_a_submit_that_raises_did_not_send_its_job(freezable_backend, own_server):
+    """The window is full and its oldest multi cannot be confirmed: the submit raises,
+    and the job it was given was neither sent nor buffered (the caller may submit it
+    again without making a second job)."""
+    backend = freezable_backend
+    returned, refused = [], None
+    with zktasks.pipelined() as pipe:
+        first = _written_first(pipe)
+        own_server.pause()
+        try:
+            with pytest.raises(zktasks.ZooKeeperUnavailableError) as raised:
+                for n in range(1, 6):
+                    record, result = _prepare_in_shard_of(backend, first, n)
+                    refused = record.id
+                    returned.append(pipe.send(record, result).id)
+        finally:
+            own_server.resume()
+    assert refused not in returned
+    # Read on the pipeline's own session, after its requests: any sent earlier have landed.
+    with backend.store.bounded(30.0):
+        assert backend.store.read_status(refused) is None, "the refused job was written"
+        assert all(backend.store.read_status(job_id) for job_id in returned)
+    assert f"This job ({refused}) was not submitted" in str(raised.value)
+
+
+def test_an_error_in_the_block_names_the_jobs_not_confirmed(freezable_backend, own_server):
+    """The block raises while ZooKeeper is frozen: its error propagates, with a note
+    naming the returned jobs that flush could not confirm."""
+    backend = freezable_backend
+    try:
+        with pytest.raises(RuntimeError, match="view failed") as raised, \
+                zktasks.pipelined() as pipe:
+            first = _written_first(pipe)
+            own_server.pause()
+            returned = [pipe.send(*_prepare_in_shard_of(backend, first, n)).id
+                        for n in (1, 2)]
+            raise RuntimeError("view failed")
+    finally:
+        own_server.resume()
+    notes = "\n".join(getattr(raised.value, "__notes__", []))
+    assert "may not have been written" in notes
+    assert all(job_id in notes for job_id in returned), notes
