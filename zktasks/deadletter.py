@@ -197,7 +197,7 @@ def expire(store: Store, *, fence: str | None, now_ms: int, ttl: float | None,
     The leader's job (its fence checked). Without it, garbage arriving without end (a
     foreign client writing into a queue) would grow the place, and ZooKeeper's heap, by
     up to 64 KB an entry with no bound. Names sort by time, so both kinds are the oldest
-    names. At most EXPIRE_BATCH are handled a sweep (the rest at the next one).
+    names. At most EXPIRE_BATCH are deleted a sweep (the rest at the next one).
 
     An entry is held, never deleted here, while it is the only place its job waits: an
     assignment that did not decode (HOLD_KINDS) of a job still READY or RUNNING. Deleting
@@ -208,13 +208,25 @@ def expire(store: Store, *, fence: str | None, now_ms: int, ttl: float | None,
     old = [n for n in found
            if ttl is not None and parse_dead_letter_name(n) + ttl * 1000 <= now_ms]
     over = found[len(old):][:max(0, len(found) - len(old) - limit)]
-    doomed = [*old, *over][:EXPIRE_BATCH]
+    candidates = [*old, *over]
+    # Held entries are left out before the batch is cut, a batch's worth of reads at a
+    # time: cut first, EXPIRE_BATCH held entries at the old end would fill every sweep's
+    # batch and nothing else would ever be deleted.
+    doomed: list[str] = []
+    held: set[str] = set()
+    for start in range(0, len(candidates), EXPIRE_BATCH):
+        if len(doomed) >= EXPIRE_BATCH:
+            break
+        chunk = candidates[start:start + EXPIRE_BATCH]
+        holding = _holding_a_job(store, chunk)
+        held |= holding
+        doomed += [n for n in chunk if n not in holding]
+    doomed = doomed[:EXPIRE_BATCH]
     if not doomed:
-        return 0, 0, 0
-    held = _holding_a_job(store, doomed)
+        return 0, 0, len(held)
     expired = set(old)
     paths = {kind: [store.layout.dead_letter(n) for n in doomed
-                    if n not in held and (n in expired) == kind] for kind in (True, False)}
+                    if (n in expired) == kind] for kind in (True, False)}
     return (store.delete_paths(fence, paths[True]), store.delete_paths(fence, paths[False]),
             len(held))
 

@@ -50,6 +50,10 @@ BATCH = 100              # jobs per assignment multi (ops = 2 per job + the fenc
 RECONCILE_EVERY = 30.0   # seconds between full re-reads even when no watch fired
 RELIST_EVERY = 0.1       # seconds: the most often a queue with local work is re-listed
 EXPIRE_EVERY = 10.0      # seconds: the longest between sweeps of expired results
+# One expiry sweep handles at most this many finished buckets and entries (a few tenths
+# of a second): it runs on the leader's only thread; the rest waits for the next tick.
+EXPIRE_BUCKETS = 50
+EXPIRE_ENTRIES = 2_000
 SHARD_GRACE = 2.0        # seconds: an empty shard is deleted once its second is this old
 DELAYED_LOAD = 10_000     # due delayed names loaded at once (more once those are moved)
 DELAYED_GRACE = 60.0     # seconds past its minute before an empty delayed shard is deleted
@@ -129,6 +133,7 @@ class Leader:
         self.assignments_total = 0
         self._last_expiry = -math.inf  # monotonic; not 0.0, which counts from boot
         self._next_expiry = 0.0       # epoch seconds the earliest finished bucket expires
+        self._expiry_cursor = ""      # where a capped expiry sweep resumes (expire_finished)
         self._last_cancel_sweep = -math.inf
         # One function, so re-arming the watch at every sweep does not pile up closures
         # in kazoo's watcher set while finished/ stays unchanged.
@@ -815,9 +820,13 @@ class Leader:
             return
         self._last_expiry = time.monotonic()
         try:
-            deleted, next_ms = self.store.expire_finished(
+            # Capped: expired buckets left over make the next expiry now, so the leader
+            # comes back after its next tick's assignments.
+            deleted, next_ms, self._expiry_cursor = self.store.expire_finished(
                 fence=self.fence, now_ms=int(now * 1000),
-                default_ttl=self.store.options.result_ttl, watch=self._finished_watch)
+                default_ttl=self.store.options.result_ttl, watch=self._finished_watch,
+                max_buckets=EXPIRE_BUCKETS, max_entries=EXPIRE_ENTRIES,
+                after=self._expiry_cursor)
         except NoNodeError as exc:
             raise LeadershipLost("fence check failed during expiry") from exc
         self._next_expiry = next_ms / 1000 if next_ms is not None else float("inf")
@@ -856,12 +865,21 @@ class Leader:
         return max(0.0, self._next_expiry - time.time()) + 0.001
 
     def _sweep_cancel_requests(self) -> None:
-        """Delete cancel requests whose job has finished or is gone (answered)."""
+        """Delete cancel requests whose job has finished or is gone (answered).
+
+        Only a record read as finished, or read as missing (NoNode), answers a request:
+        a read that failed tells nothing, and the job may still be running, so its
+        request is kept for the next sweep."""
         for job_id in self.store.children(self.layout.cancel):
             try:
                 found = self.store.read_status(job_id)
-            except Exception:
-                found = None
+            except (*TRANSIENT, ZooKeeperUnavailableError) as exc:
+                # The next reads would wait as long for nothing: end the sweep here.
+                logger.debug("cancel sweep stopped job=%s error=%r", job_id, exc)
+                return
+            except Exception as exc:
+                logger.debug("cancel request kept job=%s error=%r", job_id, exc)
+                continue
             if found is None or found.record.is_finished:
                 try:
                     self.client.delete(self.layout.cancel_request(job_id))

@@ -766,12 +766,23 @@ class Store:
             fence=fence, states=states)
 
     def expire_finished(self, *, fence: str | None, now_ms: int, default_ttl: float,
-                        watch=None) -> tuple[int, int | None]:
-        """Delete the buckets whose TTL has passed; return (count, next expiry in ms).
+                        watch=None, max_buckets: int | None = None,
+                        max_entries: int | None = None,
+                        after: str = "") -> tuple[int, int | None, str]:
+        """Delete the buckets whose TTL has passed; return (count, next expiry in ms,
+        cursor).
 
         The next expiry is that of the earliest bucket still kept (None if none), so the
         leader can sleep until then. Buckets we tried but could not remove (entries of a
         foreign name) are not counted: they must not make the leader spin.
+
+        The leader sweeps on its only thread, so it passes caps: at most `max_buckets`
+        buckets and `max_entries` entries a call (a backlog of 100k buckets took minutes
+        in one go, with no assignment meanwhile). A capped call resumes at the next one:
+        pass back the cursor it returned, and only expired buckets after it are taken.
+        It is "" once the expired buckets are all seen; then buckets left to come make
+        the next expiry now. Resuming after the cursor, not from the oldest, keeps
+        buckets that cannot be emptied from taking every sweep's share.
         """
         expired, upcoming = [], []
         for bucket in self.children(self.layout.finished, watch=watch):
@@ -779,11 +790,25 @@ class Store:
             if expiry is None:
                 continue
             if expiry <= now_ms:
-                expired.append(bucket)
+                if bucket > after:
+                    expired.append(bucket)
             else:
                 upcoming.append(expiry)
-        return (self.delete_buckets(sorted(expired), fence=fence),
-                min(upcoming) if upcoming else None)
+        expired.sort()
+        deleted, done, budget = 0, 0, max_entries
+        for bucket in expired[:max_buckets]:
+            if budget is not None and budget <= 0:
+                break
+            count, handled, whole = self._delete_bucket(bucket, fence, ("S", "F"), budget)
+            deleted += count
+            budget = None if budget is None else budget - handled
+            if not whole and count:
+                break  # cut short by the entry cap: the rest of it comes first next time
+            done += 1
+        left = expired[done:]
+        upcoming += [bucket_expiry_ms(b, default_ttl) for b in left]
+        cursor = (expired[done - 1] if done else after) if left else ""
+        return deleted, min(upcoming) if upcoming else None, cursor
 
     def delete_buckets(self, buckets: Iterable[str], *, fence: str | None = None,
                        states: tuple[str, ...] = ("S", "F")) -> int:
@@ -793,24 +818,35 @@ class Store:
         index). Each batch is one multi (status record + index entry); the leader passes
         its fence. An entry already gone (someone else purged it) is skipped, not fatal.
         """
-        deleted = 0
-        for bucket in buckets:
-            leaves = self.bucket_leaves([bucket])[bucket]
-            for leaf, names in leaves.items():
-                entries = [n for n in names
-                           if (parsed := parse_finished_entry(n)) and parsed[1] in states]
-                for start in range(0, len(entries), 50):
-                    deleted += self._delete_entries(fence, leaf, entries[start:start + 50])
-            # Seconds first, then the bucket; each fails while other entries remain (a
-            # purge of one state, a foreign name, a late finish): kept for next time.
-            for leaf in [*(leaf for leaf in leaves if leaf != bucket), bucket]:
-                try:
-                    self.retry(self.client.delete, self.layout.finished_bucket(leaf))
-                except (NoNodeError, NotEmptyError):
-                    pass
-            self._buckets_made = {leaf for leaf in self._buckets_made
-                                  if leaf.split("/", 1)[0] != bucket}
-        return deleted
+        return sum(self._delete_bucket(bucket, fence, states)[0] for bucket in buckets)
+
+    def _delete_bucket(self, bucket: str, fence: str | None, states: tuple[str, ...],
+                       limit: int | None = None) -> tuple[int, int, bool]:
+        """Delete the records of one bucket (at most `limit` entries), then its emptied
+        seconds and itself; return (deleted, entries handled, whether all were)."""
+        deleted = handled = 0
+        whole = True
+        leaves = self.bucket_leaves([bucket])[bucket]
+        for leaf, names in leaves.items():
+            entries = [n for n in names
+                       if (parsed := parse_finished_entry(n)) and parsed[1] in states]
+            if limit is not None and len(entries) > limit - handled:
+                entries, whole = entries[:max(0, limit - handled)], False
+            handled += len(entries)
+            for start in range(0, len(entries), 50):
+                deleted += self._delete_entries(fence, leaf, entries[start:start + 50])
+        if not whole:
+            return deleted, handled, False  # not empty yet: its deletes would only fail
+        # Seconds first, then the bucket; each fails while other entries remain (a
+        # purge of one state, a foreign name, a late finish): kept for next time.
+        for leaf in [*(leaf for leaf in leaves if leaf != bucket), bucket]:
+            try:
+                self.retry(self.client.delete, self.layout.finished_bucket(leaf))
+            except (NoNodeError, NotEmptyError):
+                pass
+        self._buckets_made = {leaf for leaf in self._buckets_made
+                              if leaf.split("/", 1)[0] != bucket}
+        return deleted, handled, True
 
     def bucket_leaves(self, buckets: list[str]) -> dict[str, dict[str, list[str]]]:
         """Each bucket's leaves and their names (tree.finished_leaves), listed here."""

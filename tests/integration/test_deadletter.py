@@ -12,7 +12,7 @@ from tests import tasks
 from tests.pending import pending_nodes
 from tests.waiting import wait_for_children
 from zktasks import DeadLetterRefused, deadletter
-from zktasks.tree import job_node_name, new_job_id, shard_name
+from zktasks.tree import dead_letter_name, job_node_name, new_job_id, shard_name
 
 
 def entries(backend):
@@ -212,3 +212,32 @@ def test_entries_list_newest_first(backend, zk_client):
     listed = backend.dead_letters()
     assert [e.name for e in listed] == sorted((e.name for e in listed), reverse=True)
     assert [e.path for e in backend.dead_letters(2)] == [e.path for e in listed[:2]]
+
+
+def test_expiry_goes_past_a_full_batch_of_held_entries(backend, zk_client, monkeypatch):
+    """EXPIRE_BATCH held entries at the old end (each the only place a READY job waits)
+    must not fill every sweep's batch: the old entries after them are deleted."""
+    monkeypatch.setattr(deadletter, "EXPIRE_BATCH", 3)
+    store = backend.store
+    store.ensure_skeleton()
+    layout = store.layout
+
+    def plant(at_ms, kind="foreign_name", job_id=None):
+        name = dead_letter_name(at_ms)
+        data = deadletter.encode("/elsewhere/garbage", b"junk", kind=kind, reason="test",
+                                 by="test", job_id=job_id, keep=1024)
+        zk_client.create(layout.dead_letter(name), data, makepath=True)
+        return name
+
+    now_ms = int(timezone.now().timestamp() * 1000)
+    held = []
+    for i in range(3):
+        record, _ = backend.prepare(tasks.add, (i, i), {})
+        zk_client.create(layout.status(record.id), record.to_bytes(), makepath=True)
+        held.append(plant(now_ms - 100_000 + i, "unreadable_assignment", record.id))
+    doomed = [plant(now_ms - 50_000 + i) for i in range(2)]
+
+    assert deadletter.expire(store, fence=None, now_ms=now_ms, ttl=10, limit=100) == (
+        2, 0, 3)
+    assert sorted(zk_client.get_children(layout.deadletter)) == sorted(held)
+    assert not set(doomed) & set(zk_client.get_children(layout.deadletter))

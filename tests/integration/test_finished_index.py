@@ -109,3 +109,58 @@ def test_the_leader_expires_seconds_and_entries_written_directly_in_a_bucket(
     for job_id in ids:
         wait_for_deletion(zk_client, layout.status(job_id), timeout=30)
     wait_for_children(zk_client, layout.finished, lambda c: c == [], timeout=30)
+
+
+def test_expiry_is_capped_per_call_and_resumes_after_its_cursor(backend, zk_client):
+    """Expired buckets are handled at most `max_buckets` (and `max_entries`) a call; the
+    rest makes the next expiry now, and calls resuming after the returned cursor finish
+    the job, even past buckets that cannot be emptied (a foreign name) at the old end."""
+    store, layout = backend.store, backend.store.layout
+    store.ensure_skeleton()
+    base = records.now() - timedelta(hours=1)
+    now_ms = int(records.now().timestamp() * 1000)
+
+    def plant(i, jobs=1, foreign=False):
+        at = base + timedelta(seconds=10 * i)
+        ms = int(at.timestamp() * 1000)
+        bucket, leaf = finished_bucket(ms, 1), finished_leaf(ms, 1)
+        txn = zk_client.transaction()
+        txn.create(layout.finished_bucket(bucket), b"")
+        txn.create(layout.finished_bucket(leaf), b"")
+        if foreign:
+            txn.create(layout.finished_entry(leaf, "not-a-job-entry"), b"")
+        for _ in range(jobs):
+            job_id = new_job_id()
+            record = StatusRecord(id=job_id, task="tests.tasks.add", backend="default",
+                                  queue="default", priority=0, state=records.SUCCESSFUL,
+                                  enqueued_at=at, finished_at=at, attempts=1)
+            txn.create(layout.status(job_id), record.to_bytes())
+            txn.create(layout.finished_entry(leaf, finished_entry(
+                job_id, records.SUCCESSFUL, "default")), b"")
+        assert not [r for r in txn.commit() if isinstance(r, Exception)]
+        return bucket
+
+    stuck = [plant(i, jobs=0, foreign=True) for i in range(2)]  # the oldest: never empty
+    big = plant(2, jobs=7)
+    small = [plant(i) for i in range(3, 6)]
+
+    def sweep(after):
+        return store.expire_finished(fence=None, now_ms=now_ms, default_ttl=86400,
+                                     max_buckets=2, max_entries=5, after=after)
+
+    def left():
+        return set(zk_client.get_children(layout.finished))
+
+    # The two stuck buckets take the first call; the next starts after them.
+    deleted, next_ms, cursor = sweep("")
+    assert (deleted, cursor) == (0, stuck[1]) and next_ms <= now_ms
+    # Five of the big bucket's seven entries: it stays, and comes first next time.
+    deleted, next_ms, cursor = sweep(cursor)
+    assert (deleted, cursor) == (5, stuck[1]) and next_ms <= now_ms and big in left()
+    deleted, next_ms, cursor = sweep(cursor)
+    assert (deleted, cursor) == (2 + 1, small[0]) and big not in left() and next_ms <= now_ms
+    deleted, next_ms, cursor = sweep(cursor)
+    assert (deleted, cursor, next_ms) == (2, "", None)
+    assert left() == set(stuck)
+    # A new pass goes over the stuck ones again, and says nothing is due (no spinning).
+    assert sweep(cursor) == (0, None, "")
