@@ -50,6 +50,8 @@ BATCH = 100              # jobs per assignment multi (ops = 2 per job + the fenc
 RECONCILE_EVERY = 30.0   # seconds between full re-reads even when no watch fired
 RELIST_EVERY = 0.1       # seconds: the most often a queue with local work is re-listed
 EXPIRE_EVERY = 10.0      # seconds: the longest between sweeps of expired results
+SCHEDULE_RETRY = 5.0     # seconds before a schedule tick that failed is tried again
+SCHEDULE_SKEW = 60.0     # seconds a schedule's last tick may lie ahead of this clock
 # One expiry sweep handles at most this many finished buckets and entries (a few tenths
 # of a second): it runs on the leader's only thread; the rest waits for the next tick.
 EXPIRE_BUCKETS = 50
@@ -596,7 +598,7 @@ class Leader:
             if next_at is not None and time.time() < next_at:
                 continue
             try:
-                self._run_schedule(schedule, now)
+                done = self._run_schedule(schedule, now)
             except TRANSIENT:
                 raise
             except LeadershipLost:
@@ -605,10 +607,19 @@ class Leader:
                 if schedule.name not in self._broken_schedules:
                     logger.error("schedule failed name=%s error=%r", schedule.name, exc)
                 self._broken_schedules.add(schedule.name)
-            self._next_ticks[schedule.name] = schedule.next_tick(now).timestamp()
+                done = False
+            if done:
+                self._broken_schedules.discard(schedule.name)
+                self._next_ticks[schedule.name] = schedule.next_tick(now).timestamp()
+            else:
+                # Not recorded: again soon. Waiting for the next tick would fold this
+                # one into it (a daily schedule would lose a day).
+                self._next_ticks[schedule.name] = min(
+                    time.time() + SCHEDULE_RETRY, schedule.next_tick(now).timestamp())
 
-    def _run_schedule(self, schedule, now) -> None:
-        from datetime import datetime
+    def _run_schedule(self, schedule, now) -> bool:
+        """Submit the schedule's due tick; return whether its state is up to date."""
+        from datetime import datetime, timedelta
 
         path = self.layout.schedule(schedule.name)
         try:
@@ -625,23 +636,33 @@ class Leader:
                 self.client.create(path, state)
             except NodeExistsError:
                 pass
-            return
+            return True
+        if last > now + timedelta(seconds=SCHEDULE_SKEW):
+            # Recorded by a leader whose clock ran ahead: waiting for it would skip every
+            # tick until then. Start again from now; a tick that did run is not run again
+            # (its job id is the tick's: NodeExists below).
+            logger.warning("schedule state is in the future name=%s last_tick=%s now=%s "
+                           "(clocks of the leaders differ?); starting again from now",
+                           schedule.name, last.isoformat(), now.isoformat())
+            self.client.set(path, state, version=version)
+            return True
         if latest <= last:
-            return
+            return True
         record = self._tick_record(schedule, latest)
         results = self.store.submit_tick(self.fence, record, path, state, version)
         failed = failures(results)
         if not failed:
             logger.info("schedule tick name=%s tick=%s job=%s", schedule.name,
                         latest.isoformat(), record.id)
-            return
+            return True
         self._raise_if_fence(failed)
         index, error = failed[0]
         if index == 1 and isinstance(error, NodeExistsError):
             # Already submitted by an earlier leader: advance the schedule only.
             self.client.set(path, state, version=version if version is not None else -1)
-            return
+            return True
         logger.warning("schedule tick refused name=%s error=%r", schedule.name, error)
+        return False
 
     def _tick_record(self, schedule, tick):
         from django.tasks import Task, task_backends

@@ -65,3 +65,67 @@ def test_broken_schedule_does_not_stop_the_leader(settings, zk_hosts, zk_root, s
         "broken": {"task": "tests.tasks.no_such_task", "every": 1}})
     start_worker()
     assert tasks.add.submit(1, 1).wait(timeout=30).return_value == 2
+
+
+def _with_state(settings, zk_hosts, zk_root, zk_client, name, every, last_tick):
+    """Configure one schedule and record its last tick, as a leader before would have."""
+    import json
+
+    from django.tasks import task_backends
+
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        name: {"task": "tests.tasks.add", "every": every, "args": [1, 1]}})
+    backend = task_backends["default"]
+    zk_client.create(backend.store.layout.schedule(name),
+                     json.dumps({"last_tick": last_tick.isoformat()}).encode(), makepath=True)
+    return backend
+
+
+def _ticks(zk_client, backend, name):
+    layout = backend.store.layout
+    return [r for r in (StatusRecord.from_bytes(zk_client.get(layout.status(j))[0])
+                        for j in zk_client.get_children(layout.status_dir))
+            if r.extra.get("schedule") == name]
+
+
+def test_a_tick_that_failed_is_tried_again_soon_not_a_period_later(
+        settings, zk_hosts, zk_root, zk_client, start_worker, monkeypatch):
+    """An hourly schedule whose due tick failed once (ZooKeeper unavailable for longer
+    than the retries) ran an hour later, that tick folded into the next."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from zktasks import leader as leader_module
+    from zktasks.exceptions import ZooKeeperUnavailableError
+
+    backend = _with_state(settings, zk_hosts, zk_root, zk_client, "hourly", 3600,
+                          timezone.now() - timedelta(hours=2))
+    monkeypatch.setattr(leader_module, "SCHEDULE_RETRY", 0.2)
+    real, calls = leader_module.Leader._tick_record, []
+
+    def fails_once(self, schedule, tick):
+        calls.append(tick)
+        if len(calls) == 1:
+            raise ZooKeeperUnavailableError("ZooKeeper did not answer (as after retries)")
+        return real(self, schedule, tick)
+    monkeypatch.setattr(leader_module.Leader, "_tick_record", fails_once)
+    start_worker()
+    wait_until(lambda: _ticks(zk_client, backend, "hourly"), 30, "the due tick, retried")
+    assert len(calls) == 2 and calls[0] == calls[1]
+
+
+def test_a_last_tick_recorded_in_the_future_does_not_stop_the_schedule(
+        settings, zk_hosts, zk_root, zk_client, start_worker, caplog):
+    """A leader whose clock ran a day ahead recorded its last tick there: the next
+    leader skipped every tick until then."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    backend = _with_state(settings, zk_hosts, zk_root, zk_client, "skewed", 1,
+                          timezone.now() + timedelta(days=1))
+    start_worker()
+    wait_until(lambda: any(r.is_finished for r in _ticks(zk_client, backend, "skewed")), 30,
+               "a tick despite the skewed state")
+    assert any("schedule state is in the future" in r.getMessage() for r in caplog.records)
