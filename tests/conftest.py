@@ -36,6 +36,17 @@ def use_zookeeper(settings, monkeypatch, hosts: str, root: str, **options):
 
 
 @pytest.fixture
+def own_server():
+    """A ZooKeeper server of the test's own, for tests that stop, freeze or restart it
+    (the suite's server is shared by every test)."""
+    from zktasks.testing import ZooKeeperServer
+
+    server = ZooKeeperServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
 def zk_settings(settings, zk_hosts, zk_root, monkeypatch):
     """Point the default task backend at a fresh root of the suite's ZooKeeper."""
     return use_zookeeper(settings, monkeypatch, zk_hosts, zk_root)

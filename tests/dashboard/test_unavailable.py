@@ -9,7 +9,7 @@ from tests.conftest import zk_tasks_setting
 from tests.dashboard.conftest import url
 from tests.dashboard.test_permissions import PAGES
 from tests.waiting import wait_until
-from zktasks.testing import ZooKeeperServer, free_port
+from zktasks.testing import free_port
 
 BANNER = "ZooKeeper unreachable."
 
@@ -75,13 +75,6 @@ def test_a_slow_connection_does_not_hold_a_page(admin_client, settings):
                                       CONNECT_TIMEOUT=8.0)
     response = admin_client.get(url("zktasks_overview"))
     assert response.status_code == 503 and "Still connecting" in response.content.decode()
-
-
-@pytest.fixture
-def own_server():
-    server = ZooKeeperServer().start()
-    yield server
-    server.close()
 
 
 def test_an_outage_mid_session_degrades_to_the_banner_and_recovers(admin_client, settings,

@@ -12,7 +12,7 @@ from kazoo.client import KazooClient
 from tests import tasks
 from tests.pending import pending_nodes
 from tests.waiting import wait_for_children, wait_until
-from zktasks.exceptions import CorruptRecord
+from zktasks.exceptions import CorruptRecord, PayloadVerificationError
 from zktasks.leader import Leader
 from zktasks.records import ErrorRecord, StatusRecord
 from zktasks.store import Store, failures
@@ -136,7 +136,7 @@ def test_a_rotated_signing_key_keeps_what_the_old_one_signed(settings, zk_settin
     only_new = keys("new-key", [])
     assert only_new.get_result(waiting.id).return_value == 5
     assert only_new.get_result(after.id).return_value == 7
-    with pytest.raises(Exception, match="SIGNING_KEY_FALLBACKS"):
+    with pytest.raises(PayloadVerificationError, match="SIGNING_KEY_FALLBACKS"):
         _ = only_new.get_result(done.id).return_value
 
 

@@ -7,14 +7,6 @@ import pytest
 
 from tests import tasks
 from tests.conftest import use_zookeeper
-from zktasks.testing import ZooKeeperServer
-
-
-@pytest.fixture
-def own_server():
-    server = ZooKeeperServer().start()
-    yield server
-    server.close()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from tests import tasks
 from tests.conftest import use_zookeeper
 from tests.pending import delayed_nodes, pending_nodes
 from zktasks import pipeline
-from zktasks.testing import ZooKeeperServer
 
 
 @pytest.fixture
@@ -172,14 +171,6 @@ def test_a_receiver_that_raises_does_not_stop_the_block_writing(backend, zk_clie
     assert set(heard) == ids
     layout = backend.store.layout
     assert {name[-32:] for name in pending_nodes(zk_client, layout)} == ids
-
-
-@pytest.fixture
-def own_server():
-    """A server of the test's own, which it freezes (the suite's is shared)."""
-    server = ZooKeeperServer().start()
-    yield server
-    server.close()
 
 
 @pytest.fixture
