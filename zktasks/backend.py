@@ -424,32 +424,28 @@ class ZooKeeperBackend(BaseTaskBackend):
         if record.state != records.READY:
             self._request_cancel(store, job_id, force)
             return False
-        exc = JobCancelled(f"Job {job_id!r} was cancelled before it ran.")
-        final = record.evolve(
-            state=records.FAILED, finished_at=records.now(),
-            errors=record.errors + (records.ErrorRecord(
-                exception_class_path="zktasks.exceptions.JobCancelled",
-                message=str(exc), traceback=str(exc) + "\n"),),
-        )
-        node = job_node_name(record.priority, job_id)
-        # Its shard; or, in a tree from before sharding the leader has not migrated yet,
-        # the queue itself.
-        candidates = [store.layout.job(record.queue, node),
-                      store.layout.unsharded_job(record.queue, node)]
-        if record.run_after is not None:
-            due_ms = int(record.run_after.timestamp() * 1000)
-            name = delayed_node_name(due_ms, record.priority, job_id, record.queue)
-            # Its shards; or, before the leader has migrated an older tree, delayed/.
-            candidates += [store.layout.delayed_job(name),
-                           store.layout.unsharded_delayed_job(name)]
-        status_path = store.layout.status(job_id)
+        final = _cancelled(record, f"Job {job_id!r} was cancelled before it ran.")
+        for waiting in _waiting_places(store, record):
+            if self._fail_cancelled(store, found, final, waiting):
+                return True
+        # A worker holds it (assigned, maybe not started): ask that worker.
+        self._request_cancel(store, job_id, force)
+        return False
+
+    @staticmethod
+    def _fail_cancelled(store: Store, found, final: StatusRecord, where: str,
+                        where_version: int = -1) -> bool:
+        """Record `final` (a READY job failed as cancelled) over the status `found` and
+        delete `where`, the one place the job waits, in one multi; False if refused
+        (the job or that place changed meanwhile)."""
+        status_path = store.layout.status(final.id)
         data = final.to_bytes()
         index = store.index_path(final)
         cleanup = store.cleanup_paths(final)
 
-        def build_for(waiting, index):
+        def build_for(index):
             def build(txn):
-                txn.delete(waiting)
+                txn.delete(where, version=where_version)
                 txn.set_data(status_path, data, version=found.version)
                 txn.create(index, b"")
                 for path in cleanup:
@@ -459,18 +455,12 @@ class ZooKeeperBackend(BaseTaskBackend):
         def landed():
             return store._written(status_path, data)
 
-        for waiting in candidates:
-            results = store.commit(build_for(waiting, index), landed=landed)
-            failed = failures(results)
-            if failed and store.forget_bucket_if_gone(index, failed):
-                index = store.index_path(final)  # purged meanwhile: make it again
-                results = store.commit(build_for(waiting, index), landed=landed)
-                failed = failures(results)
-            if not failed:
-                return True
-        # A worker holds it (assigned, maybe not started): ask that worker.
-        self._request_cancel(store, job_id, force)
-        return False
+        results = store.commit(build_for(index), landed=landed)
+        failed = failures(results)
+        if failed and store.forget_bucket_if_gone(index, failed):
+            index = store.index_path(final)  # purged meanwhile: make it again
+            failed = failures(store.commit(build_for(index), landed=landed))
+        return not failed
 
     def _bounded(self, store: Store, call, what: str, advice: str):
         """Run `call()` with every ZooKeeper request bounded by CONNECT_TIMEOUT, so a web
@@ -584,10 +574,64 @@ class ZooKeeperBackend(BaseTaskBackend):
         return deadletter.listing(self.store, limit, after=after)
 
     def discard_dead_letter(self, name: str) -> bool:
-        """Forget a dead-letter entry; False if it was gone already."""
+        """Forget a dead-letter entry; False if it was gone already.
+
+        An entry that is the only place its job waits (see `stranded_job`) takes the job
+        with it: the job is failed as cancelled (JobCancelled, never retried) in the
+        multi that deletes the entry, so nobody waits on it forever. Re-queue the entry
+        instead to run the job.
+        """
+        store = self.store
+        return self._bounded(
+            store, lambda: self._discard_dead_letter(store, name),
+            f"Discarding dead-letter entry {name!r} has an unknown outcome:",
+            "Look at the dead letters again once the ensemble answers.")
+
+    def _discard_dead_letter(self, store: Store, name: str) -> bool:
         from . import deadletter
 
-        return deadletter.discard(self.store, name)
+        letter = deadletter.read(store, name)
+        if letter is None:
+            return False
+        found = self.stranded_job(letter)
+        if found is None:
+            return deadletter.discard(store, name, letter.version)
+        job_id = found.record.id
+        final = _cancelled(found.record, f"Job {job_id!r} was discarded with dead-letter "
+                                         f"entry {name}, the only place it waited; it "
+                                         "will not run.")
+        if not self._fail_cancelled(store, found, final, store.layout.dead_letter(name),
+                                    letter.version):
+            raise DeadLetterRefused(f"Job {job_id} or entry {name} changed meanwhile "
+                                    "(re-queued or handled by somebody else); look again.")
+        logger.warning("job failed as cancelled: discarded from the dead letters job=%s "
+                       "entry=%s", job_id, name)
+        return True
+
+    def stranded_job(self, letter):
+        """The status (store.Found) of the unfinished job a dead-letter entry is the only
+        place of, which discarding the entry fails; None when discarding it touches no job.
+
+        That is an entry of deadletter.HOLD_KINDS (an assignment that did not decode)
+        whose job is still READY or RUNNING while no worker holds it and it waits in no
+        queue (a rare action: it reads every worker's assignments parent).
+        """
+        from . import deadletter
+
+        store = self.store
+        if letter.kind not in deadletter.HOLD_KINDS or not letter.job_id \
+                or not is_job_id(letter.job_id):
+            return None
+        try:
+            found = store.read_status(letter.job_id)
+        except CorruptRecord:
+            return None
+        if found is None or found.record.is_finished \
+                or self._holder(store, letter.job_id) \
+                or any(store.retry(store.client.exists, path) is not None
+                       for path in _waiting_places(store, found.record)):
+            return None
+        return found
 
     def requeue_dead_letter(self, name: str) -> str:
         """Send the job a dead-letter entry refers to back to its queue; return its id.
@@ -675,6 +719,30 @@ class ZooKeeperBackend(BaseTaskBackend):
             return False
         data = store.update_worker(worker_id, mark_draining)
         return bool(data and data.get("draining"))
+
+
+def _waiting_places(store: Store, record: StatusRecord) -> list[str]:
+    """Where a READY job can wait: its pending shard, or, in a tree from before sharding
+    the leader has not migrated yet, the queue itself; with a run_after, its delayed
+    shard or delayed/ itself as well."""
+    node = job_node_name(record.priority, record.id)
+    places = [store.layout.job(record.queue, node),
+              store.layout.unsharded_job(record.queue, node)]
+    if record.run_after is not None:
+        due_ms = int(record.run_after.timestamp() * 1000)
+        name = delayed_node_name(due_ms, record.priority, record.id, record.queue)
+        places += [store.layout.delayed_job(name), store.layout.unsharded_delayed_job(name)]
+    return places
+
+
+def _cancelled(record: StatusRecord, message: str) -> StatusRecord:
+    """`record` failed with JobCancelled(message), finished now."""
+    return record.evolve(
+        state=records.FAILED, finished_at=records.now(),
+        errors=record.errors + (records.ErrorRecord(
+            exception_class_path=f"{JobCancelled.__module__}.{JobCancelled.__qualname__}",
+            message=message, traceback=message + "\n"),),
+    )
 
 
 def purge_before_ms(older_than: timedelta | None) -> int:

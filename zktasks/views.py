@@ -504,9 +504,12 @@ class DashboardViews:
                 if verb == "re-queue":
                     job_id = backend.requeue_dead_letter(name)
                 else:
+                    letter = deadletter.read(backend.store, name)
+                    stranded = backend.stranded_job(letter) if letter else None
                     found = backend.discard_dead_letter(name)
             except DeadLetterRefused as exc:
-                messages.warning(request, f"Not re-queued: {exc}")
+                done = "re-queued" if verb == "re-queue" else "discarded"
+                messages.warning(request, f"Not {done}: {exc}")
                 return HttpResponseRedirect(back)
             except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
                 return self.unavailable(request, exc, title, "deadletters")
@@ -518,7 +521,9 @@ class DashboardViews:
                 subject = Job(id="")
                 subject.label = f"dead-letter entry {name}"
                 self.log(request, subject, subject.label, deletion=True)
-                messages.success(request, f"Discarded dead-letter entry {name}.")
+                messages.success(request, f"Discarded dead-letter entry {name}." + (
+                    f" Job {stranded.record.id}, which waited nowhere else, was failed as "
+                    "cancelled." if stranded else ""))
             else:
                 messages.warning(request, f"Dead-letter entry {name} was gone already.")
             return HttpResponseRedirect(back)
@@ -528,7 +533,14 @@ class DashboardViews:
             return self.unavailable(request, exc, title, "deadletters")
         if letter is None:
             raise Http404("No such dead-letter entry.")
+        stranded = None
+        if verb == "discard":
+            try:
+                stranded = zk_backend(connected=True).stranded_job(letter)
+            except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+                return self.unavailable(request, exc, title, "deadletters")
         context = self.context(request, title, "deadletters", verb=verb, letter=letter,
+                               stranded=stranded.record if stranded else None,
                                preview=dashboard.preview(letter.data,
                                                          limit=DEAD_LETTER_PREVIEW),
                                job_link=bool(letter.job_id and is_job_id(letter.job_id)),

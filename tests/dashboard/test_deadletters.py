@@ -108,6 +108,43 @@ def test_discard_after_a_confirmation(admin_client, backend, zk_client):
     assert admin_client.get(url("zktasks_deadletter_discard", name)).status_code == 404
 
 
+def test_discarding_the_only_place_a_job_waits_fails_the_job_and_says_so_first(
+        admin_client, backend, zk_client):
+    job, name = parked_job(backend, zk_client)
+    html = admin_client.get(url("zktasks_deadletter_discard", name)).content.decode()
+    assert "this entry is the only place it waits" in html and job.id in html
+    assert backend.get_result(job.id).status == "READY"  # GET did nothing
+
+    response = follow(admin_client, url("zktasks_deadletter_discard", name))
+    assert any(f"Job {job.id}, which waited nowhere else, was failed as cancelled" in m
+               for m in messages_of(response))
+    assert backend.dead_letters() == []
+    # Before, the job stayed READY with nowhere to run: a wait() never returned.
+    result = backend.wait(job.id, timeout=5)
+    assert result.status == "FAILED"
+    assert result.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
+    assert "discarded with dead-letter entry" in result.errors[-1].traceback
+    assert backend.cancel(job.id) is True  # it counts as cancelled
+    assert pending_nodes(zk_client, backend.store.layout) == []
+
+
+def test_discarding_an_entry_whose_job_waits_elsewhere_leaves_the_job_alone(
+        admin_client, backend, zk_client):
+    job = tasks.add.submit(2, 3)
+    store = backend.store
+    path = store.layout.unsharded_job("default", "copy")
+    zk_client.create(path, b"")
+    _, failed = deadletter.move_aside(store, path, b"", 0, kind="unreadable_assignment",
+                                      reason="planted by a test", by="test", job_id=job.id)
+    assert not failed
+    name = backend.dead_letters()[0].name
+    html = admin_client.get(url("zktasks_deadletter_discard", name)).content.decode()
+    assert "is not touched" in html
+    assert backend.discard_dead_letter(name)  # the job still waits in its queue
+    assert backend.get_result(job.id).status == "READY"
+    assert len(pending_nodes(zk_client, store.layout)) == 1
+
+
 def test_actions_need_csrf_post_and_the_permission(backend, zk_client, admin_user,
                                                    admin_client, staff_client):
     name = plant(backend, zk_client, "junk", b"x")

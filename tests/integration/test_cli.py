@@ -208,6 +208,15 @@ def test_dead_letters_are_listed_requeued_and_discarded(backend, zk_client, star
     assert json.loads(zktasks("dead-letters", "--json")) == []
 
 
+def test_discarding_the_only_place_a_job_waits_says_the_job_was_failed(backend, zk_client):
+    job, parked = parked_job(backend, zk_client)
+    out = json.loads(zktasks("discard", parked, "--json"))
+    assert out == {"entry": parked, "discarded": True, "failed_job": job.id}
+    assert job.wait(timeout=5).status == "FAILED"
+    junk = plant(backend, zk_client, "junk", b"x")
+    assert zktasks("discard", junk).strip() == f"Discarded dead letter {junk}."
+
+
 def test_escape_sequences_in_a_tasks_error_do_not_reach_the_terminal(backend, start_worker,
                                                                     caplog):
     evil = "\x1b]0;retitled\x07\x1b[2Jcleared\nforged line"

@@ -337,11 +337,18 @@ class Command(BaseCommand):
                   f"Re-queued job {job_id} from dead letter {options['entry']}.")
 
     def do_discard(self, backend, options) -> None:
-        if not backend.discard_dead_letter(options["entry"]):
-            raise CommandError(f"No dead-letter entry {options['entry']!r} (re-queued or "
+        name = options["entry"]
+        letter = deadletter.read(backend.store, name)
+        # Said before acting, like the dashboard's confirmation: the job goes with it.
+        stranded = backend.stranded_job(letter) if letter else None
+        if not backend.discard_dead_letter(name):
+            raise CommandError(f"No dead-letter entry {name!r} (re-queued or "
                                "discarded already?).")
-        self.emit({"entry": options["entry"], "discarded": True},
-                  f"Discarded dead letter {options['entry']}.")
+        failed = stranded.record.id if stranded else None
+        self.emit({"entry": name, "discarded": True, "failed_job": failed},
+                  f"Discarded dead letter {name}."
+                  + (f" Job {failed}, which waited nowhere else, was failed as cancelled."
+                     if failed else ""))
 
 
 # -- helpers --------------------------------------------------------------------------------
