@@ -63,6 +63,7 @@ class SubmitPipeline:
         self.buffer: list = []           # jobs waiting for the multi before them
         self.buffer_bytes = 0
         self.shards: set[str] = set()
+        self.unconfirmed: list = []      # (record, result) a caught error named
         self.sent = 0                    # jobs submitted through the pipeline
         self.multis = 0
         self.resent = 0
@@ -106,7 +107,7 @@ class SubmitPipeline:
     def _make_room(self, record, size: int) -> None:
         """Wait for the oldest multis until `record` fits in the window (jobs and bytes
         returned but not confirmed); raise, saying it was not submitted, if they fail."""
-        lost: list[tuple[str, Exception]] = []
+        lost: list[tuple] = []
         receiver_error = None
         while self.in_flight and (
                 self.in_flight_jobs + len(self.buffer) + 1 > WINDOW
@@ -117,6 +118,9 @@ class SubmitPipeline:
                 receiver_error = receiver_error or exc
         not_sent = f"This job ({record.id}) was not submitted: submit it again."
         if lost:
+            # A caller may catch this and go on: flush() tries these jobs again, so the
+            # block's end still answers for every job it returned.
+            self.unconfirmed += [(job, result) for job, result, _ in lost]
             raise self._error(lost, not_sent)
         if receiver_error is not None:
             receiver_error.add_note(f"zktasks.pipelined(): {not_sent}")
@@ -137,10 +141,10 @@ class SubmitPipeline:
         self.in_flight_bytes += size
         self.multis += 1
 
-    def _collect(self, jobs, pending, size: int) -> list[tuple[str, Exception]]:
+    def _collect(self, jobs, pending, size: int) -> list[tuple]:
         """Wait for one multi; write its jobs again one by one unless it surely landed.
 
-        Return (job id, error) for the jobs that may not be written.
+        Return (record, result, error) for the jobs that may not be written.
         """
         self.in_flight_jobs -= len(jobs)
         self.in_flight_bytes -= size
@@ -160,29 +164,39 @@ class SubmitPipeline:
             if raised is not None:
                 raise raised
             return []
-        lost: list[tuple[str, Exception]] = []
+        return self._write_each(jobs)
+
+    def _write_each(self, jobs) -> list[tuple]:
+        """Write (record, result) jobs one by one, idempotently; return those that may
+        not be written, as (record, result, error)."""
+        lost: list[tuple] = []
         for record, result in jobs:
-            if lost and isinstance(lost[0][1], ZooKeeperUnavailableError):
+            if lost and isinstance(lost[0][2], ZooKeeperUnavailableError):
                 # Out of reach for the one before: do not wait CONNECT_TIMEOUT per job.
-                lost.append((record.id, lost[0][1]))
+                lost.append((record, result, lost[0][2]))
                 continue
             self.resent += 1
             try:
                 self.backend.write(record, result)  # idempotent; sends task_enqueued itself
             except Exception as exc:
-                lost.append((record.id, exc))
+                lost.append((record, result, exc))
         return lost
 
     def flush(self) -> None:
         """Wait until every job sent is written; raise if some may not be."""
         self._send_buffer()
-        lost: list[tuple[str, Exception]] = []
+        lost: list[tuple] = []
         receiver_error = None
         while self.in_flight:
             try:
                 lost += self._collect(*self.in_flight.popleft())
             except Exception as exc:  # a task_enqueued receiver raised; its jobs are written
                 receiver_error = receiver_error or exc
+        unconfirmed, self.unconfirmed = self.unconfirmed, []
+        if unconfirmed:
+            # Named by an error the block caught and went on from; a job that landed
+            # meanwhile is recognised by its status node (NodeExists), not written twice.
+            lost += self._write_each(unconfirmed)
         if lost:
             raise self._error(lost)
         if receiver_error is not None:
@@ -191,10 +205,10 @@ class SubmitPipeline:
             logger.info("pipelined(): %d of %d jobs were written again one by one",
                         self.resent, self.sent)
 
-    def _error(self, lost: list[tuple[str, Exception]], more_text: str = "") -> ZkTasksError:
-        ids = ", ".join(job_id for job_id, _ in lost[:10])
+    def _error(self, lost: list[tuple], more_text: str = "") -> ZkTasksError:
+        ids = ", ".join(record.id for record, _, _ in lost[:10])
         more = f" and {len(lost) - 10} more" if len(lost) > 10 else ""
-        first = lost[0][1]
+        first = lost[0][2]
         error = (ZooKeeperUnavailableError if isinstance(first, ZooKeeperUnavailableError)
                  else ZkTasksError)  # e.g. NoAuth: the cause is chained below
         message = (

@@ -1,6 +1,7 @@
 """`zktasks.pipelined()`: submits that do not wait, every job written when the block ends."""
 
 import secrets
+import threading
 
 import pytest
 from django.tasks import TaskResultStatus
@@ -223,6 +224,37 @@ def test_a_submit_that_raises_did_not_send_its_job(freezable_backend, own_server
         assert backend.store.read_status(refused) is None, "the refused job was written"
         assert all(backend.store.read_status(job_id) for job_id in returned)
     assert f"This job ({refused}) was not submitted" in str(raised.value)
+
+
+def test_jobs_named_by_an_error_the_block_caught_are_written_when_it_ends(
+        freezable_backend, own_server):
+    """A submit raises because the oldest multis cannot be confirmed, and the caller
+    catches it and goes on. The server then dies with those multis unread, so they never
+    land. The block's end writes the jobs that error named (before, they were forgotten:
+    flush() neither wrote them nor said so)."""
+    from kazoo.protocol.states import KazooState
+
+    backend = freezable_backend
+    returned, named = [], []
+    with zktasks.pipelined() as pipe:
+        first = _written_first(pipe)
+        own_server.pause()  # the multis below reach its socket, unread
+        for n in range(1, 4):
+            record, result = _prepare_in_shard_of(backend, first, n)
+            try:
+                returned.append(pipe.send(record, result).id)
+            except zktasks.ZooKeeperUnavailableError as exc:  # caught; the view goes on
+                named += [job_id for job_id in returned if job_id in str(exc)]
+        assert named, "no submit raised"
+        back = threading.Event()
+        backend.store.raw_client.add_listener(
+            lambda state: back.set() if state == KazooState.CONNECTED else None)
+        own_server.kill()  # what it had not read is gone
+        own_server.start()
+        assert back.wait(60), "the pipeline's client did not reconnect"
+    with backend.store.bounded(30.0):
+        missing = [job_id for job_id in returned if backend.store.read_status(job_id) is None]
+    assert missing == [], f"not written: {missing} (named by the caught error: {named})"
 
 
 def test_an_error_in_the_block_names_the_jobs_not_confirmed(freezable_backend, own_server):
