@@ -2,7 +2,8 @@
 
 Variables: SECRET_KEY, DEBUG, DATABASE_URL (default: SQLite in var/), ALLOWED_HOSTS,
 ZOOKEEPER_HOSTS (default 127.0.0.1:2181), ZKTASKS_ROOT (default /zktasks-demo),
-ZKTASKS_AUTH ("user:password" or unset), ZKTASKS_SIGNING_KEY (default: SECRET_KEY).
+ZKTASKS_AUTH ("user:password" or unset), ZKTASKS_SIGNING_KEY (default: SECRET_KEY),
+ZKTASKS_TLS_CA, ZKTASKS_TLS_CERTFILE, ZKTASKS_TLS_KEYFILE (TLS when any is set).
 A `.env` file next to manage.py is read too.
 """
 
@@ -76,6 +77,12 @@ TASKS = {
             "SESSION_TIMEOUT": env.float("ZKTASKS_SESSION_TIMEOUT", default=10.0),
             "AUTH": env("ZKTASKS_AUTH", default=None),
             "SIGNING_KEY": env("ZKTASKS_SIGNING_KEY", default=None),
+            # TLS to the servers' secureClientPort when a CA or a client certificate
+            # is given.
+            "TLS": {key: value for key, value in (
+                ("CA", env("ZKTASKS_TLS_CA", default=None)),
+                ("CERTFILE", env("ZKTASKS_TLS_CERTFILE", default=None)),
+                ("KEYFILE", env("ZKTASKS_TLS_KEYFILE", default=None))) if value} or None,
         },
     },
 }

@@ -9,6 +9,8 @@ name.
 
 import logging
 import os
+import socket
+import ssl
 import threading
 import time
 
@@ -37,6 +39,8 @@ def new_client(options: Options) -> KazooClient:
         user, _, password = options.auth.partition(":")
         kwargs["auth_data"] = [("digest", options.auth)]
         kwargs["default_acl"] = [make_digest_acl(user, password, all=True)]
+    if options.tls:
+        kwargs.update(options.tls.client_kwargs())
     client = KazooClient(
         hosts=options.hosts,
         timeout=options.session_timeout,
@@ -67,12 +71,60 @@ def start(client: KazooClient, options: Options,
     except KazooTimeoutError as exc:
         client.stop()
         client.close()
+        trouble = tls_trouble(options) if options.tls else ""
         raise ZooKeeperUnavailableError(
             f"Could not connect to ZooKeeper at {options.hosts!r} within "
-            f"{options.connect_timeout:g}s; start it, or fix "
-            f"TASKS[{options.alias!r}]['OPTIONS']['HOSTS']."
+            f"{options.connect_timeout:g}s; "
+            + (trouble or f"start it, or fix TASKS[{options.alias!r}]['OPTIONS']['HOSTS'].")
         ) from exc
     return client
+
+
+def tls_trouble(options: Options, timeout: float = 2.0) -> str:
+    """Shake hands with each host once and say why TLS fails, or "" if it does not.
+
+    kazoo only logs a failed handshake ("Connection dropped: ...") and tries again until
+    the timeout, so a wrong CA or a missing client certificate would read as a server
+    that is down. Under TLS 1.3 a server refuses a client certificate with an alert
+    after the handshake, hence the one read (a healthy server says nothing before the
+    client's ConnectRequest, so that read times out).
+    """
+    where = f"TASKS[{options.alias!r}]['OPTIONS']['TLS']"
+    for host in options.hosts.split(","):
+        name, _, port = host.strip().rpartition(":")
+        name = name.strip("[]")
+        try:
+            with socket.create_connection((name, int(port)), timeout=timeout) as raw, \
+                    options.tls.context().wrap_socket(raw, server_hostname=name) as tls:
+                tls.settimeout(timeout / 2)
+                try:
+                    if tls.recv(1) == b"":
+                        return (f"{host} closed the connection after the TLS handshake: it "
+                                "may want a client certificate (set CERTFILE and KEYFILE in "
+                                f"{where}).")
+                except TimeoutError:
+                    continue  # this one speaks TLS with us
+        except ssl.SSLCertVerificationError as exc:
+            return (f"TLS with {host} failed: {exc.verify_message}. The server's "
+                    f"certificate is not one {where}['CA'] vouches for, or it does not "
+                    f"name {name!r} (CHECK_HOSTNAME).")
+        except ssl.SSLEOFError as exc:
+            # What a plain clientPort does with a ClientHello.
+            return (f"{host} closed the connection during the TLS handshake ({exc.reason}): "
+                    "is that the servers' secureClientPort? A plain clientPort does this.")
+        except ssl.SSLError as exc:
+            reason = exc.reason or str(exc)
+            if "CERTIFICATE" in reason.upper() or "UNKNOWN_CA" in reason.upper():
+                return (f"TLS with {host} failed: the server refused this client's "
+                        f"certificate ({reason}). Set CERTFILE and KEYFILE in {where} to a "
+                        "certificate the server's trust store accepts.")
+            if "WRONG_VERSION" in reason.upper() or "RECORD_LAYER" in reason.upper():
+                return (f"{host} does not speak TLS on that port ({reason}): list the "
+                        "servers' secureClientPort in HOSTS, or drop TLS.")
+            return f"TLS with {host} failed: {exc}."
+        except (OSError, ValueError):
+            continue  # not reachable at all: the plain message says it
+    return ""
 
 
 def _start_unless(client: KazooClient, timeout: float, abort: threading.Event) -> bool:

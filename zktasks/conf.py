@@ -1,7 +1,9 @@
 """Parse and validate a ZooKeeperBackend's OPTIONS; nothing here is read at import time."""
 
 import math
+import os
 import re
+import ssl
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -13,6 +15,39 @@ from .exceptions import ConfigurationError
 DEFAULT_MAX_RECORD_BYTES = 1_000_000
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TlsOptions:
+    """OPTIONS['TLS']: how the client speaks TLS to ZooKeeper's secureClientPort."""
+
+    ca: str | None = None             # PEM file of the CA(s) to trust; None: the system's
+    certfile: str | None = None       # this client's certificate (mutual TLS)
+    keyfile: str | None = None        # its private key; None: in certfile
+    keyfile_password: str | None = field(default=None, repr=False)
+    verify: bool = True               # check the server's certificate
+    check_hostname: bool = True       # ... and that it names the host in HOSTS
+
+    def client_kwargs(self) -> dict:
+        """KazooClient's TLS arguments."""
+        return {"use_ssl": True, "ca": self.ca, "certfile": self.certfile,
+                # kazoo loads a certificate only with a key file: one PEM holding both
+                # is given as both.
+                "keyfile": self.keyfile or self.certfile,
+                "keyfile_password": self.keyfile_password,
+                "verify_certs": self.verify, "check_hostname": self.check_hostname}
+
+    def context(self) -> ssl.SSLContext:
+        """The SSL context kazoo builds from client_kwargs() (kazoo.handlers.utils)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+        context.check_hostname = self.check_hostname
+        context.verify_mode = ssl.CERT_REQUIRED if self.verify else ssl.CERT_NONE
+        if self.ca:
+            context.load_verify_locations(self.ca)
+        if self.certfile:
+            context.load_cert_chain(self.certfile, self.keyfile, self.keyfile_password)
+        return context
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,11 +66,12 @@ class Options:
     dead_letter_ttl: float | None = 30 * 86400
     dead_letter_limit: int = 1000
     schedules: tuple = ()
+    tls: TlsOptions | None = None
 
     @property
     def client_key(self) -> tuple:
         """Identify the ZooKeeper session these options need (shared by equal backends)."""
-        return (self.hosts, self.auth, self.session_timeout)
+        return (self.hosts, self.auth, self.session_timeout, self.tls)
 
     @property
     def verify_keys(self) -> tuple[str, ...]:
@@ -50,7 +86,7 @@ class Options:
         known = {
             "HOSTS", "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "RESULT_TTL", "AUTH",
             "SIGNING_KEY", "SIGNING_KEY_FALLBACKS", "MAX_RECORD_BYTES", "SCHEDULES",
-            "DEAD_LETTER_TTL", "DEAD_LETTER_LIMIT",
+            "DEAD_LETTER_TTL", "DEAD_LETTER_LIMIT", "TLS",
         }
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -133,7 +169,73 @@ class Options:
             max_record_bytes=max_record,
             dead_letter_ttl=dead_letter_ttl,
             dead_letter_limit=dead_letter_limit,
+            tls=_tls(raw.get("TLS"), f"{where}['TLS']"),
         )
+
+
+_TLS_KEYS = {"CA", "CERTFILE", "KEYFILE", "KEYFILE_PASSWORD", "VERIFY", "CHECK_HOSTNAME"}
+
+
+def _tls(value, where: str) -> TlsOptions | None:
+    """OPTIONS['TLS']: None or False (plain TCP), True (TLS, trusting the system's CAs),
+    or a dict of _TLS_KEYS. The files are loaded here, so a wrong path, a key that does
+    not match its certificate or a wrong password is said at startup, not as a
+    connection that never comes up."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"{where} is {value!r}; give True, or a dict with some of "
+                                 f"{sorted(_TLS_KEYS)}.")
+    unknown = sorted(set(value) - _TLS_KEYS)
+    if unknown:
+        raise ConfigurationError(f"{where} has unknown keys {unknown!r}; the known ones are "
+                                 f"{sorted(_TLS_KEYS)!r}.")
+    files = {}
+    for key in ("CA", "CERTFILE", "KEYFILE", "KEYFILE_PASSWORD"):
+        item = value.get(key)
+        if item is not None and (not isinstance(item, str) or not item):
+            raise ConfigurationError(f"{where}[{key!r}] is {item!r}; give a path (a "
+                                     "password for KEYFILE_PASSWORD) or None.")
+        files[key] = item
+    flags = {}
+    for key in ("VERIFY", "CHECK_HOSTNAME"):
+        item = value.get(key, True)
+        if not isinstance(item, bool):
+            raise ConfigurationError(f"{where}[{key!r}] is {item!r}; give True or False.")
+        flags[key] = item
+    if flags["CHECK_HOSTNAME"] and not flags["VERIFY"]:
+        raise ConfigurationError(f"{where} has VERIFY False: set CHECK_HOSTNAME False too "
+                                 "(a name cannot be checked on an unverified certificate).")
+    if files["KEYFILE"] and not files["CERTFILE"]:
+        raise ConfigurationError(f"{where} has a KEYFILE but no CERTFILE: give the "
+                                 "certificate that goes with the key.")
+    tls = TlsOptions(ca=files["CA"], certfile=files["CERTFILE"], keyfile=files["KEYFILE"],
+                     keyfile_password=files["KEYFILE_PASSWORD"], verify=flags["VERIFY"],
+                     check_hostname=flags["CHECK_HOSTNAME"])
+    for key in ("CA", "CERTFILE", "KEYFILE"):
+        path = files[key]
+        if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            raise ConfigurationError(f"{where}[{key!r}] is {path!r}, which is not a readable "
+                                     "file.")
+    # Loaded one by one, to name what is wrong.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    steps = [("['CA']", "a PEM file of CA certificates",
+              lambda: context.load_verify_locations(tls.ca))] if tls.ca else []
+    if tls.certfile:
+        steps.append(("['CERTFILE']" if not tls.keyfile else "['CERTFILE'] with ['KEYFILE']",
+                      "a PEM certificate and the private key that matches it (in the "
+                      "same file or in KEYFILE; KEYFILE_PASSWORD if the key is encrypted)",
+                      lambda: context.load_cert_chain(tls.certfile, tls.keyfile,
+                                                      tls.keyfile_password)))
+    for key, wanted, load in steps:
+        try:
+            load()
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(f"{where}{key} does not load ({exc}); give "
+                                     f"{wanted}.") from exc
+    return tls
 
 
 def _fallbacks(raw: dict, where: str) -> tuple[str, ...]:

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DockerZooKeeper",
+    "TlsFiles",
     "ZooKeeperEnsemble",
     "ZooKeeperInstall",
     "ZooKeeperPortInUse",
@@ -53,6 +54,7 @@ __all__ = [
     "free_port",
     "free_ports",
     "main",
+    "make_tls_files",
     "start_zookeeper",
 ]
 
@@ -225,6 +227,11 @@ def _find_classpath() -> tuple[tuple[str, ...], str]:
     # The manifest carries no SLF4J binding, so without one the server logs
     # nothing at all; log4j 1.2 is a dependency of Debian's libzookeeper-java.
     classpath = [str(jar)]
+    # The manifest also leaves out jars its Netty connection factory (TLS) loads:
+    # without netty-codec every TLS connection fails with NoClassDefFoundError
+    # io/netty/handler/codec/ByteToMessageDecoder. Debian's libnetty-java has them.
+    classpath += [str(p) for p in (DEBIAN_JAVA_DIR / f"netty-{name}.jar"
+                                   for name in ("codec", "resolver")) if p.is_file()]
     log4j = [DEBIAN_JAVA_DIR / "slf4j-log4j12.jar", DEBIAN_JAVA_DIR / "log4j-1.2.jar"]
     if all(p.is_file() for p in log4j):
         classpath += map(str, log4j)
@@ -397,6 +404,56 @@ def start_watchdog(pgid: int, *, in_group: bool = True) -> subprocess.Popen[byte
         return None
 
 
+# --------------------------------------------------------------------------- TLS
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for TLS on loopback: a CA both sides trust, the server's key and
+    certificate in one file (ZooKeeper's PEM key store), and a client's pair."""
+
+    ca: Path
+    server: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_tls_files(directory: str | Path, *, days: int = 2) -> TlsFiles:
+    """Make a throw-away CA and certificates for 127.0.0.1 / localhost with openssl.
+
+    The server's and the client's certificates are each good for both ends (TLS server
+    and client authentication), which is what ZooKeeper's mutual TLS checks.
+    """
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("openssl is needed to make test certificates: "
+                           "apt-get install -y openssl")
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        done = subprocess.run([openssl, *args], cwd=d, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"openssl {' '.join(args)} failed: {done.stderr.strip()}")
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+        "-out", "ca.pem", "-days", str(days), "-subj", "/CN=zktasks test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    (d / "leaf.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                                "extendedKeyUsage=serverAuth,clientAuth\n")
+    for name in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+            "-out", f"{name}.csr", "-subj", f"/CN=zktasks test {name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.crt", "-days", str(days),
+            "-extfile", "leaf.ext")
+    (d / "server.pem").write_bytes((d / "server.key").read_bytes()
+                                   + (d / "server.crt").read_bytes())
+    return TlsFiles(ca=d / "ca.pem", server=d / "server.pem",
+                    client_cert=d / "client.crt", client_key=d / "client.key")
+
+
 # --------------------------------------------------------------------------- server
 
 _LOG4J_PROPERTIES = """\
@@ -439,6 +496,8 @@ class ZooKeeperServer:
         extra_config: Mapping[str, str] | None = None,
         jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS,
         install: ZooKeeperInstall | None = None,
+        tls: TlsFiles | None = None,
+        client_auth: str = "need",
     ) -> None:
         """Configure, but do not start, a server.
 
@@ -447,6 +506,11 @@ class ZooKeeperServer:
         timeouts may go down to 2 * ``tick_time_ms`` unless
         ``min_session_timeout_ms`` says otherwise. ``extra_config`` lines go
         into zoo.cfg last and win.
+
+        With ``tls``, the server also listens for TLS clients on ``secure_port``
+        (``secure_hosts``), with ``client_auth`` "need" (clients must show a
+        certificate the CA signed), "want" or "none". The plain port stays open: the
+        readiness probe speaks "srvr" on it.
         """
         if peers and server_id not in peers:
             raise ValueError(f"server_id {server_id!r} is not among peers {sorted(peers)}")
@@ -468,6 +532,9 @@ class ZooKeeperServer:
         self.server_id = server_id
         self.peers = dict(peers or {})
         self.extra_config = dict(extra_config or {})
+        self.tls = tls
+        self.client_auth = client_auth
+        self._secure_port = free_port() if tls else None
         self.jvm_options = tuple(jvm_options)
         self._install = install
         self._proc: subprocess.Popen[bytes] | None = None
@@ -486,6 +553,15 @@ class ZooKeeperServer:
     @property
     def hosts(self) -> str:
         return f"127.0.0.1:{self._port}"
+
+    @property
+    def secure_port(self) -> int | None:
+        return self._secure_port
+
+    @property
+    def secure_hosts(self) -> str | None:
+        """The TLS address (with ``tls``), as a client lists it in HOSTS."""
+        return None if self._secure_port is None else f"127.0.0.1:{self._secure_port}"
 
     @property
     def config_path(self) -> Path:
@@ -537,6 +613,19 @@ class ZooKeeperServer:
             cfg["minSessionTimeout"] = str(self.min_session_timeout_ms)
         for sid, (quorum_port, election_port) in sorted(self.peers.items()):
             cfg[f"server.{sid}"] = f"127.0.0.1:{quorum_port}:{election_port}"
+        if self.tls is not None:
+            # ZooKeeper's TLS needs its Netty connection factory; keys it does not know
+            # become system properties (zookeeper.ssl.*), as its SSL guide sets them.
+            cfg.update({
+                "secureClientPort": str(self._secure_port),
+                "secureClientPortAddress": "127.0.0.1",
+                "serverCnxnFactory": "org.apache.zookeeper.server.NettyServerCnxnFactory",
+                "ssl.keyStore.location": str(self.tls.server),
+                "ssl.keyStore.type": "PEM",
+                "ssl.trustStore.location": str(self.tls.ca),
+                "ssl.trustStore.type": "PEM",
+                "ssl.clientAuth": self.client_auth,
+            })
         cfg.update(self.extra_config)
         return cfg
 
@@ -1221,7 +1310,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--data-dir", help="keep data here (default: a temp dir, removed)")
     serve.add_argument("--ensemble", type=int, default=1, metavar="N", help="run N members")
     serve.add_argument("--tick-time-ms", type=int, default=200)
+    serve.add_argument("--tls", metavar="DIR",
+                       help="also serve TLS (mutual) on another port, with a throw-away CA "
+                            "and certificates made in DIR (one member only)")
     args = parser.parse_args(argv)
+    if args.tls and args.ensemble > 1:
+        parser.error("--tls runs one member only")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     cluster: ZooKeeperServer | ZooKeeperEnsemble
@@ -1235,7 +1329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         members = cluster.servers
     else:
         cluster = ZooKeeperServer(
-            data_dir=args.data_dir, client_port=args.port, tick_time_ms=args.tick_time_ms
+            data_dir=args.data_dir, client_port=args.port, tick_time_ms=args.tick_time_ms,
+            tls=make_tls_files(args.tls) if args.tls else None,
         )
         members = [cluster]
 
@@ -1246,6 +1341,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with cluster:
             print(f"ZooKeeper serving at {cluster.hosts}", flush=True)
+            if isinstance(cluster, ZooKeeperServer) and cluster.tls:
+                files = cluster.tls
+                print(f"TLS at {cluster.secure_hosts}: \"HOSTS\": {cluster.secure_hosts!r}, "
+                      f"\"TLS\": {{\"CA\": {str(files.ca)!r}, \"CERTFILE\": "
+                      f"{str(files.client_cert)!r}, \"KEYFILE\": {str(files.client_key)!r}}}",
+                      flush=True)
             while not stop.wait(0.5):
                 if dead := [m for m in members if not m.is_running]:
                     print(

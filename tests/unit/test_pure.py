@@ -182,6 +182,15 @@ def test_short_repr_survives_hostile_repr():
     ({"TYPO": 1}, "unknown keys"),
     ({"SIGNING_KEY_FALLBACKS": "old-key"}, "SIGNING_KEY_FALLBACKS.*list"),
     ({"SIGNING_KEY_FALLBACKS": ["old", ""]}, "SIGNING_KEY_FALLBACKS"),
+    ({"TLS": "yes"}, r"\['TLS'\] is 'yes'; give True, or a dict"),
+    ({"TLS": {"CAFILE": "ca.pem"}}, "unknown keys"),
+    ({"TLS": {"CA": "/nonexistent/ca.pem"}}, r"\['CA'\] is '/nonexistent/ca.pem', which is "
+                                             "not a readable file"),
+    ({"TLS": {"CA": 7}}, r"\['CA'\] is 7; give a path"),
+    ({"TLS": {"VERIFY": "no"}}, r"\['VERIFY'\] is 'no'; give True or False"),
+    ({"TLS": {"VERIFY": False}}, "set CHECK_HOSTNAME False too"),
+    ({"TLS": {"KEYFILE": "/etc/hostname"}}, "a KEYFILE but no CERTFILE"),
+    ({"TLS": {"CA": "/etc/hostname"}}, r"\['CA'\] does not load"),
 ])
 def test_options_errors_name_the_setting(options, match):
     with pytest.raises(ConfigurationError, match=match):
@@ -199,10 +208,22 @@ def test_options_defaults():
 
 def test_options_keep_their_secrets_out_of_repr():
     options = Options.from_params("default", {"OPTIONS": {
-        "AUTH": "alice:s3cret", "SIGNING_KEY": "sk-XYZ", "SIGNING_KEY_FALLBACKS": ["sk-OLD"]}})
+        "AUTH": "alice:s3cret", "SIGNING_KEY": "sk-XYZ", "SIGNING_KEY_FALLBACKS": ["sk-OLD"],
+        "TLS": {"VERIFY": False, "CHECK_HOSTNAME": False, "KEYFILE_PASSWORD": "kp-SECRET"}}})
     text = repr(options)
-    assert "127.0.0.1:2181" in text
-    assert not any(secret in text for secret in ("s3cret", "sk-XYZ", "sk-OLD"))
+    assert "127.0.0.1:2181" in text and "verify=False" in text
+    assert not any(secret in text for secret in ("s3cret", "sk-XYZ", "sk-OLD", "kp-SECRET"))
+
+
+def test_tls_options():
+    assert Options.from_params("default", {}).tls is None
+    assert Options.from_params("default", {"OPTIONS": {"TLS": False}}).tls is None
+    system = Options.from_params("default", {"OPTIONS": {"TLS": True}})
+    assert system.tls.client_kwargs() == {
+        "use_ssl": True, "ca": None, "certfile": None, "keyfile": None,
+        "keyfile_password": None, "verify_certs": True, "check_hostname": True}
+    # Another TLS setting is another session, not a shared one.
+    assert system.client_key != Options.from_params("default", {}).client_key
 
 
 def test_signing_key_fallbacks_follow_secret_key_fallbacks_unless_set(settings):
