@@ -34,8 +34,9 @@ def mutual(files) -> dict:
 
 @pytest.fixture
 def zk_settings(settings, tls_server, tls_files, zk_root, monkeypatch):
+    # A session outlives the restart test's server restart with room to spare.
     return use_zookeeper(settings, monkeypatch, tls_server.secure_hosts, zk_root,
-                         TLS=mutual(tls_files))
+                         TLS=mutual(tls_files), SESSION_TIMEOUT=10.0)
 
 
 def options(hosts: str, tls) -> Options:
@@ -53,6 +54,15 @@ def test_jobs_run_over_tls(backend, start_worker):
     start_worker()  # it could not register over the plain port: HOSTS is the TLS one
     assert tasks.add.submit(2, 3).wait(timeout=30).return_value == 5
     assert isinstance(backend.store.raw_client._connection._socket, ssl.SSLSocket)
+
+
+def test_a_tls_session_outlives_a_server_restart(backend, start_worker, tls_server):
+    start_worker()
+    assert tasks.add.submit(1, 1).wait(timeout=30).return_value == 2
+    session = backend.store.raw_client.client_id
+    tls_server.restart()  # same port, data and certificates
+    assert tasks.add.submit(2, 2).wait(timeout=30).return_value == 4
+    assert backend.store.raw_client.client_id == session  # resumed, not a new session
 
 
 def test_a_key_that_does_not_match_its_certificate_is_named_at_startup(tls_files):
