@@ -91,7 +91,8 @@ def runworker(zk_settings, tmp_path):
     """Start `manage.py runworker` subprocesses with the test's settings."""
     procs = []
 
-    def start(*args, name=None, settings="tests.settings", env=None):
+    def start(*args, name=None, settings="tests.settings", env=None, own_group=False):
+        """`own_group`: in a process group of its own (signal it with os.killpg)."""
         env = {**os.environ, **(env or {})}
         env["DJANGO_SETTINGS_MODULE"] = settings
         env.setdefault("ZKTASKS_LOG_LEVEL", "INFO")
@@ -100,7 +101,8 @@ def runworker(zk_settings, tmp_path):
         if name:
             cmd += ["--name", name]
         handle = open(log, "wb")  # noqa: SIM115 - closed in teardown
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                **({"process_group": 0} if own_group else {}))
         proc.log_path = log
         proc.log_handle = handle
         procs.append(proc)

@@ -253,8 +253,12 @@ def _child_main(conn, parent_pid: int, cancel_flags) -> None:
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
-    # Ctrl-C reaches the whole process group; the worker decides what stops.
+    # Ctrl-C reaches the whole process group, and so does SIGTERM from systemd's default
+    # KillMode=control-group, supervisord's stopasgroup or `kill -TERM -PGID`: the worker
+    # decides what stops (it drains, and kills a task process with SIGKILL when it must).
+    # Taken by default, SIGTERM failed the running job with TaskProcessDied mid-drain.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, _on_soft_timeout)
     from . import context
 

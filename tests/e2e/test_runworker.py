@@ -1,5 +1,6 @@
 """Real `manage.py runworker` processes, real signals, a real ZooKeeper."""
 
+import os
 import signal
 
 import pytest
@@ -20,9 +21,10 @@ def worker_proc(procs, worker_id):
     return next(p for name, p in procs.items() if worker_id.startswith(name + "-"))
 
 
-def running_until_released(backend, runworker, zk_client, tmp_path, value, *args, name):
+def running_until_released(backend, runworker, zk_client, tmp_path, value, *args, name,
+                           **start):
     """A runworker (concurrency 1) running a job that returns `value` once released."""
-    proc = runworker("--concurrency", "1", *args, name=name)
+    proc = runworker("--concurrency", "1", *args, name=name, **start)
     wait_registered(zk_client, backend, 1)
     release = tmp_path / "release"
     job = tasks.wait_for_file.submit(str(release), value)
@@ -85,6 +87,23 @@ def test_sigterm_drains_running_job_then_exits_cleanly(backend, runworker, zk_cl
     assert "prefetch=4 (follows the jobs)" in log
     # Registered once its task process could run jobs, not before.
     assert log.index("task processes ready count=1") < log.index("worker registered")
+
+
+def test_sigterm_to_the_whole_process_group_still_drains(backend, runworker, zk_client,
+                                                        tmp_path):
+    """systemd's default KillMode=control-group, supervisord's stopasgroup and
+    `kill -TERM -PGID` signal the task processes too. They leave stopping to the worker
+    (it kills them with SIGKILL when it must), or the running job dies with them."""
+    proc, job, release = running_until_released(
+        backend, runworker, zk_client, tmp_path, "finished", name="grouped", own_group=True)
+    os.killpg(proc.pid, signal.SIGTERM)
+    [worker_id] = zk_client.get_children(backend.store.layout.workers)
+    wait_for_data(zk_client, backend.store.layout.worker(worker_id), lambda d: d["draining"])
+    release.touch()
+    result = job.wait(timeout=60)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == "finished" and result.attempts == 1
+    assert proc.wait(30) == 0
 
 
 def test_runworker_whose_task_processes_cannot_set_up_stops_and_says_why(
