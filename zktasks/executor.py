@@ -256,9 +256,10 @@ def _child_main(conn, parent_pid: int, cancel_flags) -> None:
     # Ctrl-C reaches the whole process group, and so does SIGTERM from systemd's default
     # KillMode=control-group, supervisord's stopasgroup or `kill -TERM -PGID`: the worker
     # decides what stops (it drains, and kills a task process with SIGKILL when it must).
-    # Taken by default, SIGTERM failed the running job with TaskProcessDied mid-drain.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Taken by default, SIGTERM failed the running job with TaskProcessDied mid-drain;
+    # SIGHUP (the terminal closed) did the same.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, _on_soft_timeout)
     from . import context
 

@@ -89,14 +89,16 @@ def test_sigterm_drains_running_job_then_exits_cleanly(backend, runworker, zk_cl
     assert log.index("task processes ready count=1") < log.index("worker registered")
 
 
-def test_sigterm_to_the_whole_process_group_still_drains(backend, runworker, zk_client,
-                                                        tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_the_whole_process_group_still_drains(backend, runworker, zk_client,
+                                                          tmp_path, signum):
     """systemd's default KillMode=control-group, supervisord's stopasgroup and
-    `kill -TERM -PGID` signal the task processes too. They leave stopping to the worker
-    (it kills them with SIGKILL when it must), or the running job dies with them."""
+    `kill -TERM -PGID` signal the task processes too, and a closed terminal sends SIGHUP
+    to them all. They leave stopping to the worker (it kills them with SIGKILL when it
+    must), or the running job dies with them."""
     proc, job, release = running_until_released(
         backend, runworker, zk_client, tmp_path, "finished", name="grouped", own_group=True)
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signum)
     [worker_id] = zk_client.get_children(backend.store.layout.workers)
     wait_for_data(zk_client, backend.store.layout.worker(worker_id), lambda d: d["draining"])
     release.touch()
@@ -104,6 +106,24 @@ def test_sigterm_to_the_whole_process_group_still_drains(backend, runworker, zk_
     assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
     assert result.return_value == "finished" and result.attempts == 1
     assert proc.wait(30) == 0
+    assert f"{signal.Signals(signum).name}: draining" in proc.log_path.read_text()
+
+
+def test_sighup_is_left_ignored_when_it_was_nohup():
+    """Under nohup (SIGHUP ignored) logging out must not drain the worker."""
+    from zktasks.management.commands.runworker import Command
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        Command()._install_signals(worker=None)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        Command()._install_signals(worker=None)
+        assert callable(signal.getsignal(signal.SIGHUP))
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def test_runworker_whose_task_processes_cannot_set_up_stops_and_says_why(

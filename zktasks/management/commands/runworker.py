@@ -131,19 +131,30 @@ class Command(BaseCommand):
     def _install_signals(self, worker) -> None:
         count = {"n": 0}
 
+        def say(text: str) -> None:
+            try:
+                self.stderr.write(text)
+            except OSError:  # the terminal is gone (SIGHUP): the stop matters, not the line
+                pass
+
         def on_signal(signum, frame):
             count["n"] += 1
             name = signal.Signals(signum).name
             if count["n"] == 1:
-                self.stderr.write(f"{name}: draining (send again to stop at once)")
+                say(f"{name}: draining (send again to stop at once)")
                 worker.stop(graceful=True)
             else:
-                self.stderr.write(f"{name}: stopping now")
+                say(f"{name}: stopping now")
                 worker.stop(graceful=False)
 
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_signal)
             signal.signal(signal.SIGINT, on_signal)
+            # A closed terminal drains too (by default SIGHUP ended the worker at once,
+            # and its task processes with their jobs), unless nohup, or whoever started
+            # us, chose to ignore it.
+            if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
+                signal.signal(signal.SIGHUP, on_signal)
 
     def _configure_logging(self, verbosity: int) -> None:
         """Log to stderr, at the level -v says, what the project's logging leaves alone.
