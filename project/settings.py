@@ -3,7 +3,8 @@
 Variables: SECRET_KEY, DEBUG, DATABASE_URL (default: SQLite in var/), ALLOWED_HOSTS,
 ZOOKEEPER_HOSTS (default 127.0.0.1:2181), ZKTASKS_ROOT (default /zktasks-demo),
 ZKTASKS_AUTH ("user:password" or unset), ZKTASKS_SIGNING_KEY (default: SECRET_KEY),
-ZKTASKS_TLS_CA, ZKTASKS_TLS_CERTFILE, ZKTASKS_TLS_KEYFILE (TLS when any is set).
+ZKTASKS_TLS_CA, ZKTASKS_TLS_CERTFILE, ZKTASKS_TLS_KEYFILE, ZKTASKS_TLS_KEYFILE_PASSWORD
+(TLS when any is set).
 A `.env` file next to manage.py is read too.
 """
 
@@ -82,7 +83,9 @@ TASKS = {
             "TLS": {key: value for key, value in (
                 ("CA", env("ZKTASKS_TLS_CA", default=None)),
                 ("CERTFILE", env("ZKTASKS_TLS_CERTFILE", default=None)),
-                ("KEYFILE", env("ZKTASKS_TLS_KEYFILE", default=None))) if value} or None,
+                ("KEYFILE", env("ZKTASKS_TLS_KEYFILE", default=None)),
+                ("KEYFILE_PASSWORD", env("ZKTASKS_TLS_KEYFILE_PASSWORD", default=None)),
+            ) if value} or None,
         },
     },
 }

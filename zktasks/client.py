@@ -81,13 +81,14 @@ def start(client: KazooClient, options: Options,
 
 
 def tls_trouble(options: Options, timeout: float = 2.0) -> str:
-    """Shake hands with each host once and say why TLS fails, or "" if it does not.
+    """Shake hands with the hosts and say why TLS fails, or "" if it does not.
 
     kazoo only logs a failed handshake ("Connection dropped: ...") and tries again until
     the timeout, so a wrong CA or a missing client certificate would read as a server
     that is down. Under TLS 1.3 a server refuses a client certificate with an alert
     after the handshake, hence the one read (a healthy server says nothing before the
-    client's ConnectRequest, so that read times out).
+    client's ConnectRequest, so that read times out). The first host that speaks TLS
+    with us ends the search: TLS is then not what keeps the client out.
     """
     where = f"TASKS[{options.alias!r}]['OPTIONS']['TLS']"
     for host in options.hosts.split(","):
@@ -103,15 +104,15 @@ def tls_trouble(options: Options, timeout: float = 2.0) -> str:
                                 "may want a client certificate (set CERTFILE and KEYFILE in "
                                 f"{where}).")
                 except TimeoutError:
-                    continue  # this one speaks TLS with us
+                    return ""
         except ssl.SSLCertVerificationError as exc:
-            return (f"TLS with {host} failed: {exc.verify_message}. The server's "
-                    f"certificate is not one {where}['CA'] vouches for, or it does not "
-                    f"name {name!r} (CHECK_HOSTNAME).")
+            return _verify_failure(host, name, exc, where)
         except ssl.SSLEOFError as exc:
-            # What a plain clientPort does with a ClientHello.
-            return (f"{host} closed the connection during the TLS handshake ({exc.reason}): "
-                    "is that the servers' secureClientPort? A plain clientPort does this.")
+            # What a plain clientPort does with a ClientHello; a server over its
+            # maxClientCnxns, or shutting down, drops it the same way.
+            return (f"{host} dropped the connection during the TLS handshake ({exc.reason}): "
+                    "is that the servers' secureClientPort? A plain clientPort does this "
+                    "(so does a server over maxClientCnxns).")
         except ssl.SSLError as exc:
             reason = exc.reason or str(exc)
             if "CERTIFICATE" in reason.upper() or "UNKNOWN_CA" in reason.upper():
@@ -125,6 +126,26 @@ def tls_trouble(options: Options, timeout: float = 2.0) -> str:
         except (OSError, ValueError):
             continue  # not reachable at all: the plain message says it
     return ""
+
+
+# OpenSSL's X509_V_ERR_* codes that have a more precise advice than "another CA".
+_EXPIRED, _NOT_YET_VALID = 10, 9
+_NAME_MISMATCH = {62, 64}  # hostname, IP address
+
+
+def _verify_failure(host: str, name: str, exc: ssl.SSLCertVerificationError,
+                    where: str) -> str:
+    said = f"TLS with {host} failed: {str(exc.verify_message).rstrip('.')}."
+    if exc.verify_code == _EXPIRED:
+        return f"{said} The server's certificate has expired: renew it on the server."
+    if exc.verify_code == _NOT_YET_VALID:
+        return (f"{said} The server's certificate is not valid yet: check the clocks of "
+                "this machine and of the one that made it.")
+    if exc.verify_code in _NAME_MISMATCH:
+        return (f"{said} The server's certificate does not name {name!r}: list the name it "
+                f"has in HOSTS, or set CHECK_HOSTNAME False in {where}.")
+    return (f"{said} The server's certificate is not signed by a CA that {where}['CA'] "
+            "lists (or, without CA, by one this machine trusts).")
 
 
 def _start_unless(client: KazooClient, timeout: float, abort: threading.Event) -> bool:

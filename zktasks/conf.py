@@ -21,7 +21,7 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 class TlsOptions:
     """OPTIONS['TLS']: how the client speaks TLS to ZooKeeper's secureClientPort."""
 
-    ca: str | None = None             # PEM file of the CA(s) to trust; None: the system's
+    ca: str | None = None             # PEM file of the only CAs trusted; None: the system's
     certfile: str | None = None       # this client's certificate (mutual TLS)
     keyfile: str | None = None        # its private key; None: in certfile
     keyfile_password: str | None = field(default=None, repr=False)
@@ -29,25 +29,46 @@ class TlsOptions:
     check_hostname: bool = True       # ... and that it names the host in HOSTS
 
     def client_kwargs(self) -> dict:
-        """KazooClient's TLS arguments."""
+        """KazooClient's TLS arguments (handler.SelectorCachingHandler.create_connection
+        turns them into tls_context(), not kazoo)."""
         return {"use_ssl": True, "ca": self.ca, "certfile": self.certfile,
-                # kazoo loads a certificate only with a key file: one PEM holding both
-                # is given as both.
+                # kazoo hands a certificate on only with a key file: one PEM holding
+                # both is given as both.
                 "keyfile": self.keyfile or self.certfile,
                 "keyfile_password": self.keyfile_password,
                 "verify_certs": self.verify, "check_hostname": self.check_hostname}
 
     def context(self) -> ssl.SSLContext:
-        """The SSL context kazoo builds from client_kwargs() (kazoo.handlers.utils)."""
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        return tls_context(**self.client_kwargs())
+
+
+def tls_context(*, ca=None, certfile=None, keyfile=None, keyfile_password=None,
+                verify_certs=True, check_hostname=False, options=None, ciphers=None,
+                use_ssl=True) -> ssl.SSLContext:
+    """The client's SSL context, from kazoo's TLS arguments, as kazoo builds it
+    (kazoo.handlers.utils.create_tcp_connection) but for two things:
+
+    * with a CA given, only that CA is trusted. kazoo loads the system's CAs as well
+      whatever `ca` says, so any CA of the machine (a public one, a TLS-inspecting
+      proxy's) could vouch for a man in the middle;
+    * a key without its password fails at once: OpenSSL's default, with password None,
+      is to prompt on the terminal, which hung a worker's start.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if options is not None:
+        context.options = options
+    if ciphers:
+        context.set_ciphers(ciphers)
+    if ca:
+        context.load_verify_locations(ca)
+    else:
         context.load_default_certs(ssl.Purpose.SERVER_AUTH)
-        context.check_hostname = self.check_hostname
-        context.verify_mode = ssl.CERT_REQUIRED if self.verify else ssl.CERT_NONE
-        if self.ca:
-            context.load_verify_locations(self.ca)
-        if self.certfile:
-            context.load_cert_chain(self.certfile, self.keyfile, self.keyfile_password)
-        return context
+    context.check_hostname = check_hostname
+    context.verify_mode = ssl.CERT_REQUIRED if verify_certs else ssl.CERT_NONE
+    if certfile:
+        context.load_cert_chain(certfile, keyfile,
+                                "" if keyfile_password is None else keyfile_password)
+    return context
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,6 +216,8 @@ def _tls(value, where: str) -> TlsOptions | None:
     files = {}
     for key in ("CA", "CERTFILE", "KEYFILE", "KEYFILE_PASSWORD"):
         item = value.get(key)
+        if key != "KEYFILE_PASSWORD" and isinstance(item, os.PathLike):
+            item = os.fspath(item)  # BASE_DIR / "ca.pem"
         if item is not None and (not isinstance(item, str) or not item):
             raise ConfigurationError(f"{where}[{key!r}] is {item!r}; give a path (a "
                                      "password for KEYFILE_PASSWORD) or None.")
@@ -208,27 +231,30 @@ def _tls(value, where: str) -> TlsOptions | None:
     if flags["CHECK_HOSTNAME"] and not flags["VERIFY"]:
         raise ConfigurationError(f"{where} has VERIFY False: set CHECK_HOSTNAME False too "
                                  "(a name cannot be checked on an unverified certificate).")
-    if files["KEYFILE"] and not files["CERTFILE"]:
-        raise ConfigurationError(f"{where} has a KEYFILE but no CERTFILE: give the "
-                                 "certificate that goes with the key.")
+    for key in ("KEYFILE", "KEYFILE_PASSWORD"):
+        if files[key] and not files["CERTFILE"]:
+            raise ConfigurationError(f"{where} has a {key} but no CERTFILE: give the "
+                                     "certificate that goes with the key.")
     tls = TlsOptions(ca=files["CA"], certfile=files["CERTFILE"], keyfile=files["KEYFILE"],
                      keyfile_password=files["KEYFILE_PASSWORD"], verify=flags["VERIFY"],
                      check_hostname=flags["CHECK_HOSTNAME"])
     for key in ("CA", "CERTFILE", "KEYFILE"):
         path = files[key]
         if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            hint = (" kazoo takes one PEM file, not a directory: put the CA certificates "
+                    "in one file." if os.path.isdir(path) else "")
             raise ConfigurationError(f"{where}[{key!r}] is {path!r}, which is not a readable "
-                                     "file.")
+                                     f"file.{hint}")
     # Loaded one by one, to name what is wrong.
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     steps = [("['CA']", "a PEM file of CA certificates",
-              lambda: context.load_verify_locations(tls.ca))] if tls.ca else []
+              lambda: tls_context(ca=tls.ca))] if tls.ca else []
     if tls.certfile:
         steps.append(("['CERTFILE']" if not tls.keyfile else "['CERTFILE'] with ['KEYFILE']",
                       "a PEM certificate and the private key that matches it (in the "
-                      "same file or in KEYFILE; KEYFILE_PASSWORD if the key is encrypted)",
-                      lambda: context.load_cert_chain(tls.certfile, tls.keyfile,
-                                                      tls.keyfile_password)))
+                      "same file or in KEYFILE), and KEYFILE_PASSWORD if the key is "
+                      "encrypted",
+                      lambda: tls_context(certfile=tls.certfile, keyfile=tls.keyfile,
+                                          keyfile_password=tls.keyfile_password)))
     for key, wanted, load in steps:
         try:
             load()

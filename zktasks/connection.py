@@ -65,6 +65,13 @@ from kazoo.protocol.states import (
 
 CONNECT_ATTEMPT_MIN = 1.0  # seconds: the floor of one attempt's wait for an answer
 
+
+def attempt_timeout(session_timeout: float) -> float:
+    """Seconds one connection attempt may take (a third of the session timeout, at least
+    CONNECT_ATTEMPT_MIN): the connect and TLS handshake (handler.py), then the wait for
+    the server's answer (EagerConnectionHandler._invoke), each."""
+    return max(CONNECT_ATTEMPT_MIN, session_timeout / 3)
+
 _PERSISTENT = "_zktasks_persistent"  # client attribute: {server path: (watch functions)}
 PERSISTENT_RECURSIVE = 1             # ZooKeeper's AddWatchMode.PERSISTENT_RECURSIVE
 # The WatcherType that removes it: Any (3.8 knows no other for persistent watches; it
@@ -108,8 +115,7 @@ class EagerConnectionHandler(ConnectionHandler):
     def _invoke(self, timeout, request, xid=None):
         # kazoo calls this only to connect (and to authenticate right after).
         session = self.client._session_timeout / 1000.0
-        return super()._invoke(min(timeout, max(CONNECT_ATTEMPT_MIN, session / 3)),
-                               request, xid)
+        return super()._invoke(min(timeout, attempt_timeout(session)), request, xid)
 
     # Set by install(): _send_lock (every write to the socket, and the xid and _pending
     # that go with it) and _direct (the socket requests may be sent on at once, or None).

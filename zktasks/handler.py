@@ -28,16 +28,25 @@ thread itself, one thread hand-off fewer per event (a job sees two: the leader's
 pending shard, the worker's on its assignments; a waiter sees a third). Such a function
 must not block or call ZooKeeper (rule 5); kazoo's recipes and unmarked watches keep
 kazoo's callback thread.
+
+It also opens the client's connections (`create_connection`): within a third of the
+session timeout, as connection.py bounds the wait for the server's answer (kazoo gives
+the TCP connect and, with TLS, the handshake the whole session timeout, and a frozen
+server held a TLS handshake that long, costing the session), and with the SSL context of
+conf.tls_context (only the CA given is trusted).
 """
 
 import logging
 import queue
 import selectors
+import socket
 import threading
 
 from kazoo.handlers import utils
 from kazoo.handlers.threading import AsyncResult, KazooTimeoutError, SequentialThreadingHandler
 
+from .conf import tls_context
+from .connection import attempt_timeout
 from .latch import Latch
 
 logger = logging.getLogger(__name__)
@@ -119,6 +128,26 @@ class SelectorCachingHandler(SequentialThreadingHandler):
     def __init__(self):
         super().__init__()
         self._local = threading.local()
+
+    def create_connection(self, address, hostname=None, timeout=None, use_ssl=False,
+                          **tls):
+        """A connected socket to `address` for kazoo's connection loop (see the module's
+        docstring); `timeout` is the session timeout kazoo passes."""
+        if timeout is not None:
+            timeout = attempt_timeout(timeout)
+        if not use_ssl:
+            return utils.create_tcp_connection(socket, address, hostname, timeout)
+        context = tls_context(**tls)  # built again per connection: rotated files are read
+        family = socket.getaddrinfo(address[0], address[1], 0, socket.SOCK_STREAM)[0][0]
+        conn = context.wrap_socket(socket.socket(family), server_hostname=hostname)
+        try:
+            conn.settimeout(timeout)
+            conn.connect(address)  # TCP, then the handshake, within `timeout`
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as kazoo does
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def select(self, rlist, wlist, xlist, timeout=None):
         if xlist or (timeout is not None and timeout < 0):

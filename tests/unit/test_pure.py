@@ -1,6 +1,7 @@
 """Unit tests of the pure modules: no ZooKeeper here."""
 
 import base64
+import dataclasses
 import json
 
 import pytest
@@ -190,6 +191,8 @@ def test_short_repr_survives_hostile_repr():
     ({"TLS": {"VERIFY": "no"}}, r"\['VERIFY'\] is 'no'; give True or False"),
     ({"TLS": {"VERIFY": False}}, "set CHECK_HOSTNAME False too"),
     ({"TLS": {"KEYFILE": "/etc/hostname"}}, "a KEYFILE but no CERTFILE"),
+    ({"TLS": {"KEYFILE_PASSWORD": "pw"}}, "a KEYFILE_PASSWORD but no CERTFILE"),
+    ({"TLS": {"CA": "/etc"}}, "not a directory: put the CA certificates in one file"),
     ({"TLS": {"CA": "/etc/hostname"}}, r"\['CA'\] does not load"),
 ])
 def test_options_errors_name_the_setting(options, match):
@@ -209,7 +212,9 @@ def test_options_defaults():
 def test_options_keep_their_secrets_out_of_repr():
     options = Options.from_params("default", {"OPTIONS": {
         "AUTH": "alice:s3cret", "SIGNING_KEY": "sk-XYZ", "SIGNING_KEY_FALLBACKS": ["sk-OLD"],
-        "TLS": {"VERIFY": False, "CHECK_HOSTNAME": False, "KEYFILE_PASSWORD": "kp-SECRET"}}})
+        "TLS": {"VERIFY": False, "CHECK_HOSTNAME": False}}})
+    options = dataclasses.replace(options, tls=dataclasses.replace(
+        options.tls, keyfile_password="kp-SECRET"))
     text = repr(options)
     assert "127.0.0.1:2181" in text and "verify=False" in text
     assert not any(secret in text for secret in ("s3cret", "sk-XYZ", "sk-OLD", "kp-SECRET"))

@@ -21,6 +21,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from zktasks import dashboard, deadletter, records
 from zktasks.backend import purge_before_ms
+from zktasks.client import tls_trouble
 from zktasks.exceptions import (
     CorruptRecord,
     JobNotFound,
@@ -186,7 +187,9 @@ class Command(BaseCommand):
         try:
             return dashboard.connect(backend.conf, wait=backend.conf.connect_timeout + 5.0)
         except ZooKeeperUnavailableError as exc:
-            raise CommandError(_unreachable(backend)) from exc
+            # With TLS, a refused handshake reads as a server that is down: say which.
+            trouble = tls_trouble(backend.conf) if backend.conf.tls else ""
+            raise CommandError(_unreachable(backend, trouble)) from exc
 
     def root_exists(self, client, backend) -> bool:
         """Whether ROOT is in ZooKeeper; if not, say so on stderr (stdout stays JSON).
@@ -368,11 +371,14 @@ def _quiet_kazoo(verbosity: int) -> bool:
     return True
 
 
-def _unreachable(backend) -> str:
+def _unreachable(backend, trouble: str = "") -> str:
     conf = backend.conf
-    return (f"ZooKeeper at {conf.hosts!r} did not answer within {conf.connect_timeout:g} s "
-            f"(CONNECT_TIMEOUT); check TASKS[{backend.alias!r}]['OPTIONS']['HOSTS'] and that "
-            "the ensemble is up.")
+    said = (f"ZooKeeper at {conf.hosts!r} did not answer within {conf.connect_timeout:g} s "
+            "(CONNECT_TIMEOUT)")
+    if trouble:
+        return f"{said}: {trouble}"
+    return (f"{said}; check TASKS[{backend.alias!r}]['OPTIONS']['HOSTS'] and that the "
+            "ensemble is up.")
 
 
 _RESULTS_CURSOR_RE = re.compile(r"[0-9]{13}/[0-9a-f]{32}")
