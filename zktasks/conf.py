@@ -125,6 +125,11 @@ class Options:
                 raise ConfigurationError(
                     f"{where}['HOSTS'] has {host!r}, which is not 'host:port'."
                 )
+            if host.count(":") > 1 and not host.strip().startswith("["):
+                raise ConfigurationError(
+                    f"{where}['HOSTS'] has {host!r}: write an IPv6 address in brackets, "
+                    "as in '[::1]:2181'."
+                )
         if chroot:
             raise ConfigurationError(
                 f"{where}['HOSTS'] has a chroot '/{chroot}'; put the path in ROOT instead."

@@ -172,6 +172,7 @@ def test_short_repr_survives_hostile_repr():
     ({"HOSTS": ""}, "HOSTS"),
     ({"HOSTS": "nohostport"}, "not 'host:port'"),
     ({"HOSTS": "h:1/chroot"}, "chroot"),
+    ({"HOSTS": "::1:2181"}, r"IPv6 address in brackets, as in '\[::1\]:2181'"),
     ({"ROOT": "relative"}, "ROOT"),
     ({"ROOT": "/"}, "ROOT"),
     ({"SESSION_TIMEOUT": 0}, "SESSION_TIMEOUT"),
