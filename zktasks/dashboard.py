@@ -78,6 +78,7 @@ UNAVAILABLE = (ZooKeeperUnavailableError, KazooException, KazooTimeoutError, Con
 _connect_lock = threading.Lock()
 _connect_pool: tuple[int, ThreadPoolExecutor] | None = None
 _connecting: dict[tuple, Future] = {}
+_last_failure: dict[tuple, BaseException] = {}  # why the last connection attempt failed
 
 
 def connect(conf, *, wait: float = CONNECT_WAIT):
@@ -93,17 +94,30 @@ def connect(conf, *, wait: float = CONNECT_WAIT):
             _connect_pool = (os.getpid(), ThreadPoolExecutor(
                 max_workers=2, thread_name_prefix="zktasks-dashboard-connect"))
             _connecting.clear()
+            _last_failure.clear()
         future = _connecting.get(key)
+        failed = None
         if future is None or future.done():
+            if future is not None and not future.cancelled():
+                failed = future.exception()  # the last attempt's reason, said below
             future = _connect_pool[1].submit(get_client, conf)
             _connecting[key] = future
+        elif key in _last_failure:
+            failed = _last_failure[key]
+        if failed is not None:
+            _last_failure[key] = failed
     try:
         client = future.result(timeout=wait)
     except FutureTimeout:
+        # A page that only ever said "still connecting" hid why the last attempt failed
+        # (a refused TLS handshake, a wrong HOSTS): say it while trying again.
+        before = f"The last attempt failed: {failed} Trying again; " if failed else ""
         raise ZooKeeperUnavailableError(
-            f"Still connecting to ZooKeeper at {conf.hosts!r}; this page shows the tree "
-            "once it answers."
+            f"{before or 'Still connecting to ZooKeeper at ' + repr(conf.hosts) + '; '}"
+            "this page shows the tree once it answers."
         ) from None
+    with _connect_lock:
+        _last_failure.pop(key, None)
     if not client.connected:
         raise ZooKeeperUnavailableError(
             f"The connection to ZooKeeper at {conf.hosts!r} is down ({client.state}); "

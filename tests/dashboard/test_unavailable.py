@@ -77,6 +77,24 @@ def test_a_slow_connection_does_not_hold_a_page(admin_client, settings):
     assert response.status_code == 503 and "Still connecting" in response.content.decode()
 
 
+def test_the_banner_says_why_the_last_attempt_failed(admin_client, settings):
+    """With CONNECT_TIMEOUT past the page's own wait, every page used to say only "Still
+    connecting": each request started a new attempt and none lived to say why it
+    failed (a refused TLS handshake, a wrong HOSTS)."""
+    from zktasks import dashboard
+
+    hosts = f"127.0.0.1:{free_port()}"
+    settings.TASKS = zk_tasks_setting(hosts, "/zktasks-nowhere",
+                                      CONNECT_TIMEOUT=dashboard.CONNECT_WAIT + 1.0)
+    first = admin_client.get(url("zktasks_overview")).content.decode()
+    assert "Still connecting" in first and "last attempt failed" not in first
+    wait_until(lambda: all(f.done() for f in dashboard._connecting.values()), 30,
+               "the first connection attempt to give up")
+    again = admin_client.get(url("zktasks_overview")).content.decode()
+    assert "The last attempt failed: Could not connect to ZooKeeper" in again
+    assert "Trying again" in again and hosts in again
+
+
 def test_an_outage_mid_session_degrades_to_the_banner_and_recovers(admin_client, settings,
                                                                    own_server, zk_root):
     settings.TASKS = zk_tasks_setting(own_server.hosts, zk_root, SESSION_TIMEOUT=20.0)
