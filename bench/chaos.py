@@ -317,23 +317,30 @@ class Monitor:
 class Cluster:
     """The ZooKeeper ensemble (or one server) and which members are down."""
 
-    def __init__(self, size: int, base_dir: Path):
+    def __init__(self, size: int, base_dir: Path, tls=None):
         from zktasks.testing import ZooKeeperEnsemble, ZooKeeperServer, free_port
 
         self.size = size
+        self.tls = tls
         if size > 1:
-            self.ensemble = ZooKeeperEnsemble(size, base_dir=base_dir)
+            self.ensemble = ZooKeeperEnsemble(size, base_dir=base_dir, tls=tls)
             self.members = list(self.ensemble.servers)
         else:
             self.ensemble = None
             self.members = [ZooKeeperServer(data_dir=base_dir / "server-1",
-                                            client_port=free_port())]
+                                            client_port=free_port(), tls=tls)]
         self.down: set[int] = set()          # member indexes killed, not restarted yet
         self.restarting: dict[int, float] = {}  # index -> restarted at, until it serves
 
     @property
     def hosts(self) -> str:
         return ",".join(m.hosts for m in self.members)
+
+    @property
+    def client_hosts(self) -> str:
+        """What zktasks' clients (the workers, the submitter) list: the TLS ports with
+        --tls. The monitor reads the plain ones."""
+        return ",".join(m.secure_hosts for m in self.members) if self.tls else self.hosts
 
     def start(self, timeout: float = 120.0) -> None:
         if self.ensemble is not None:
@@ -1247,7 +1254,8 @@ def fmt(value, spec="{:.2f}") -> str:
 def report(result: dict, args, seed: int, elapsed: float) -> str:
     s = result["summary"]
     out = [f"chaos: seed {seed}, {args.duration:g}s of faults, {s['jobs_planned']} jobs, "
-           f"{'ensemble of ' + str(args.ensemble) if args.ensemble > 1 else 'one ZooKeeper'}, "
+           f"{'ensemble of ' + str(args.ensemble) if args.ensemble > 1 else 'one ZooKeeper'}"
+           f"{' over TLS' if getattr(args, 'tls', False) else ''}, "
            f"{args.workers} workers x {args.concurrency} "
            f"{'task processes' if args.pool == 'process' else 'threads'}, session timeout "
            f"{args.session_timeout:g}s"
@@ -1409,6 +1417,9 @@ def parse_args(argv=None):
     parser.add_argument("--cooperative", action="store_true",
                         help="the task checks zktasks.cancel_requested() before its effect "
                              "and stops when asked, as a task written for it would")
+    parser.add_argument("--tls", action="store_true",
+                        help="workers and submitter speak mutual TLS to the members' "
+                             "secureClientPort (a throw-away CA made in the run directory)")
     parser.add_argument("--json", metavar="PATH", help="also write the findings as JSON")
     parser.add_argument("--keep", action="store_true",
                         help="keep the run directory (logs, side effects, ZooKeeper data)")
@@ -1456,8 +1467,16 @@ def main(argv=None) -> int:
     submitter = None
     ok = False
     try:
-        cluster = Cluster(args.ensemble, run_dir / "zookeeper")
-        os.environ.update(ZKTASKS_CHAOS_HOSTS=cluster.hosts, ZKTASKS_CHAOS_ROOT=root,
+        tls = None
+        if args.tls:
+            from zktasks.testing import make_tls_files
+
+            tls = make_tls_files(run_dir / "tls")
+            os.environ.update(ZKTASKS_CHAOS_TLS_CA=str(tls.ca),
+                              ZKTASKS_CHAOS_TLS_CERTFILE=str(tls.client_cert),
+                              ZKTASKS_CHAOS_TLS_KEYFILE=str(tls.client_key))
+        cluster = Cluster(args.ensemble, run_dir / "zookeeper", tls)
+        os.environ.update(ZKTASKS_CHAOS_HOSTS=cluster.client_hosts, ZKTASKS_CHAOS_ROOT=root,
                           ZKTASKS_CHAOS_SESSION_TIMEOUT=str(args.session_timeout))
         env = dict(os.environ)
         env.update(PYTHONPATH=os.pathsep.join([str(REPO), *filter(None,

@@ -2,7 +2,8 @@
 the bench's settings, with ZooKeeper options of its own.
 
 The harness sets ZKTASKS_CHAOS_HOSTS / ZKTASKS_CHAOS_ROOT / ZKTASKS_CHAOS_SESSION_TIMEOUT
-in its own environment before django.setup(), and passes them on to every runworker.
+(and, with --tls, ZKTASKS_CHAOS_TLS_CA / _CERTFILE / _KEYFILE) in its own environment
+before django.setup(), and passes them on to every runworker.
 """
 
 import os
@@ -20,6 +21,11 @@ TASKS = {
             "SESSION_TIMEOUT": float(os.environ.get("ZKTASKS_CHAOS_SESSION_TIMEOUT", "3")),
             # Workers start while the ensemble is still forming its quorum.
             "CONNECT_TIMEOUT": float(os.environ.get("ZKTASKS_CHAOS_CONNECT_TIMEOUT", "60")),
+            # bench/chaos.py --tls
+            "TLS": {"CA": os.environ["ZKTASKS_CHAOS_TLS_CA"],
+                    "CERTFILE": os.environ["ZKTASKS_CHAOS_TLS_CERTFILE"],
+                    "KEYFILE": os.environ["ZKTASKS_CHAOS_TLS_KEYFILE"]}
+            if os.environ.get("ZKTASKS_CHAOS_TLS_CA") else None,
         },
     },
 }

@@ -894,7 +894,11 @@ class ZooKeeperEnsemble:
         extra_config: Mapping[str, str] | None = None,
         jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS,
         install: ZooKeeperInstall | None = None,
+        tls: TlsFiles | None = None,
+        client_auth: str = "need",
     ) -> None:
+        """``tls``: every member also serves TLS clients (see :class:`ZooKeeperServer`;
+        the quorum's own traffic stays plain)."""
         if size < 1:
             raise ValueError("an ensemble needs at least one member")
         if client_ports is not None and len(client_ports) != size:
@@ -927,6 +931,8 @@ class ZooKeeperEnsemble:
                 extra_config=extra_config,
                 jvm_options=jvm_options,
                 install=install,
+                tls=tls,
+                client_auth=client_auth,
             )
             for sid in peers
         ]
@@ -934,6 +940,13 @@ class ZooKeeperEnsemble:
     @property
     def hosts(self) -> str:
         return ",".join(server.hosts for server in self.servers)
+
+    @property
+    def secure_hosts(self) -> str | None:
+        """The members' TLS addresses (with ``tls``), as a client lists them in HOSTS."""
+        if self.servers[0].secure_hosts is None:
+            return None
+        return ",".join(server.secure_hosts for server in self.servers)
 
     def modes(self) -> dict[int, str | None]:
         """Each member's id mapped to its "srvr" mode (None when down or not serving)."""
