@@ -1,13 +1,17 @@
 """ZooKeeperBackend: Django's task backend API over the zktasks tree."""
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
 from datetime import datetime, timedelta
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import SynchronousOnlyOperation
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import (
     TASK_MAX_PRIORITY,
@@ -163,7 +167,27 @@ class ZooKeeperBackend(BaseTaskBackend):
         pipeline = pipeline_of(self)
         if pipeline is not None:
             return pipeline.send(record, result)  # inside `with zktasks.pipelined():`
+        refuse_sync_signal_in_a_loop(self, "submit()")
         return self.write(record, result)
+
+    async def aenqueue(self, task, args, kwargs):
+        """enqueue() for async code: the loop is free while ZooKeeper answers.
+
+        Django's default runs enqueue() through sync_to_async(thread_sensitive=True):
+        one thread for every call of a context (of the process, outside a request), so
+        concurrent submits queued behind each other, and during an outage the N-th waited
+        N x CONNECT_TIMEOUT. The client is thread-safe and these calls touch no database,
+        so they run on threads of their own; task_enqueued is sent with asend(), its sync
+        receivers still thread-sensitive. A pipelined() block does not cover it: it
+        writes at once.
+        """
+        record, result = await sync_to_async(self.prepare, thread_sensitive=False)(
+            task, args, kwargs)
+        written = await sync_to_async(self.write, thread_sensitive=False)(
+            record, result, announce=False)
+        if written is result:  # not the holder of a unique key
+            await task_enqueued.asend(type(self), task_result=result)
+        return written
 
     def enqueue_many(self, task, calls) -> list:
         """Submit one job per (args, kwargs) of `calls`, in batched multis.
@@ -194,6 +218,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             except Exception as exc:  # the same errors as submit(), saying which call
                 exc.add_note(f"submit_many() item {number}; nothing was written.")
                 raise
+        refuse_sync_signal_in_a_loop(self, "submit_many()")
         self.store.submit_many(record for record, _ in prepared)
         for _, result in prepared:
             task_enqueued.send(type(self), task_result=result)
@@ -238,8 +263,9 @@ class ZooKeeperBackend(BaseTaskBackend):
         result = self.build_result(record, task=task, args=list(args), kwargs=dict(kwargs))
         return record, result
 
-    def write(self, record: StatusRecord, result):
-        """Write a prepared submission; return its result (or the unique key's holder)."""
+    def write(self, record: StatusRecord, result, *, announce: bool = True):
+        """Write a prepared submission; return its result (or the unique key's holder).
+        `announce`: send task_enqueued (aenqueue sends it itself, with asend)."""
         store = self.store
         holder = self._bounded(
             store, lambda: store.submit(record),
@@ -250,7 +276,8 @@ class ZooKeeperBackend(BaseTaskBackend):
         if holder is not None:
             logger.info("unique key held key=%r job=%s", record.unique_key, holder)
             return self.get_result(holder)
-        task_enqueued.send(type(self), task_result=result)
+        if announce:
+            task_enqueued.send(type(self), task_result=result)
         return result
 
     def enqueue_on_commit(self, task, args, kwargs, *, using=None):
@@ -262,6 +289,11 @@ class ZooKeeperBackend(BaseTaskBackend):
         return result
 
     # -- results -----------------------------------------------------------------------
+
+    async def aget_result(self, result_id):
+        """get_result() on a thread of its own (see aenqueue), not Django's one
+        thread-sensitive thread."""
+        return await sync_to_async(self.get_result, thread_sensitive=False)(result_id)
 
     def get_result(self, result_id):
         if not isinstance(result_id, str) or not is_job_id(result_id):
@@ -361,7 +393,6 @@ class ZooKeeperBackend(BaseTaskBackend):
         """Block on the job's own status znode (rule 7: no herd) until it finishes."""
         deadline = None if timeout is None else time.monotonic() + timeout
         changed = threading.Event()
-        store = self.store
 
         @inline_watch
         def on_change(event):
@@ -370,33 +401,66 @@ class ZooKeeperBackend(BaseTaskBackend):
 
         while True:
             changed.clear()
-            remaining = None if deadline is None else deadline - time.monotonic()
-            bound = self.conf.connect_timeout
-            if remaining is not None:
-                # A read gets at least WAIT_READ_FLOOR even when little or no time is
-                # left, so wait(timeout=0) answers for a finished job: a healthy
-                # ensemble replies in milliseconds, an unreachable one costs that long.
-                bound = min(bound, max(remaining, WAIT_READ_FLOOR))
-            try:
-                with store.bounded(bound):
-                    found = store.read_status(job_id, watch=on_change)
-            except ZooKeeperUnavailableError:
-                found = _UNKNOWN
-            if found is None:
-                raise JobNotFound(f"No job has the id {job_id!r}.")
-            if found is not _UNKNOWN and found.record.is_finished:
-                return self.build_result(found.record)
-            _warn_if_in_task(job_id)
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                state = ("unknown: ZooKeeper did not answer" if found is _UNKNOWN
-                         else found.record.state)
-                raise TimeoutError(
-                    f"Job {job_id!r} did not finish within {timeout:g}s (state {state})."
-                )
-            # No watch is set while ZooKeeper does not answer: read again soon.
-            longest = 1.0 if found is _UNKNOWN else 60.0
-            changed.wait(min(remaining, longest) if remaining is not None else longest)
+            finished, pause = self._wait_step(job_id, deadline, timeout, on_change)
+            if finished is not None:
+                return finished
+            changed.wait(pause)
+
+    async def await_result(self, job_id: str, timeout: float | None = None):
+        """wait() for async code: the same watch resolves an asyncio event, and each read
+        runs on a thread of its own, so the loop is never blocked."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        changed = asyncio.Event()
+
+        @inline_watch
+        def on_change(event):
+            # kazoo's connection thread; the watch can outlive this coroutine and its loop.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(changed.set)
+
+        step = sync_to_async(self._wait_step, thread_sensitive=False)
+        while True:
+            changed.clear()
+            finished, pause = await step(job_id, deadline, timeout, on_change)
+            if finished is not None:
+                return finished
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), pause)
+
+    def _wait_step(self, job_id: str, deadline: float | None, timeout: float | None,
+                   on_change):
+        """One read of a wait: (the finished result, None), or (None, seconds to wait for
+        `on_change` before reading again). Raise JobNotFound, or TimeoutError once
+        `deadline` has passed."""
+        store = self.store
+        remaining = None if deadline is None else deadline - time.monotonic()
+        bound = self.conf.connect_timeout
+        if remaining is not None:
+            # A read gets at least WAIT_READ_FLOOR even when little or no time is
+            # left, so wait(timeout=0) answers for a finished job: a healthy
+            # ensemble replies in milliseconds, an unreachable one costs that long.
+            bound = min(bound, max(remaining, WAIT_READ_FLOOR))
+        try:
+            with store.bounded(bound):
+                found = store.read_status(job_id, watch=on_change)
+        except ZooKeeperUnavailableError:
+            found = _UNKNOWN
+        if found is None:
+            raise JobNotFound(f"No job has the id {job_id!r}.")
+        if found is not _UNKNOWN and found.record.is_finished:
+            return self.build_result(found.record), None
+        _warn_if_in_task(job_id)
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            state = ("unknown: ZooKeeper did not answer" if found is _UNKNOWN
+                     else found.record.state)
+            raise TimeoutError(
+                f"Job {job_id!r} did not finish within {timeout:g}s (state {state})."
+            )
+        # No watch is set while ZooKeeper does not answer: read again soon.
+        longest = 1.0 if found is _UNKNOWN else 60.0
+        return None, min(remaining, longest) if remaining is not None else longest
 
     def cancel(self, job_id: str, *, force: bool = False) -> bool:
         """Cancel a job. Return True if it is cancelled now and will never run.
@@ -719,6 +783,23 @@ class ZooKeeperBackend(BaseTaskBackend):
             return False
         data = store.update_worker(worker_id, mark_draining)
         return bool(data and data.get("draining"))
+
+
+def refuse_sync_signal_in_a_loop(backend, what: str) -> None:
+    """Raise SynchronousOnlyOperation, before anything is written, where a sync submit
+    could not announce its job: in a thread running an event loop, with async
+    task_enqueued receivers connected. Django's Signal.send() runs those through
+    async_to_sync(), which raises there, after the job was written: a caller retrying
+    on that error made a second job."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return  # no loop in this thread: send() runs async receivers itself
+    if task_enqueued._live_receivers(type(backend))[1]:  # (sync, async) receivers
+        raise SynchronousOnlyOperation(
+            f"{what} in async code, with async task_enqueued receivers connected, could "
+            "not announce the job: nothing was written. Use `await task.aenqueue(...)` "
+            "(aenqueue for submit; a loop of them for submit_many and pipelined()).")
 
 
 def _waiting_places(store: Store, record: StatusRecord) -> list[str]:

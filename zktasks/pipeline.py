@@ -30,9 +30,9 @@ means the earlier attempt landed).
 """
 
 import logging
-import threading
 from collections import deque
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from django.tasks.signals import task_enqueued
@@ -48,11 +48,16 @@ BATCH_JOBS = 64            # jobs per multi at most (a miss resends them one by 
 BATCH_BYTES = 256_000      # bytes of records per multi at most (jute.maxbuffer is 1 MB)
 SHARDS_KEPT = 512  # parent paths remembered as made, per pipeline
 
-_local = threading.local()
+# The open pipelines of this context, by backend alias. A context, not a thread: every
+# coroutine of an event loop runs on one thread, and a threading.local let a pipelined()
+# block in one ASGI request take the plain submit()s of the others (their jobs reported
+# submitted, yet written only when that block ended, or never if the process died).
+# asyncio gives each task its own copy of the context; a thread starts with an empty one.
+_pipelines: ContextVar[dict | None] = ContextVar("zktasks_pipelines", default=None)
 
 
 class SubmitPipeline:
-    """The open pipeline of one thread on one backend."""
+    """The open pipeline of one context (a thread, or a coroutine) on one backend."""
 
     def __init__(self, backend):
         self.backend = backend
@@ -64,6 +69,7 @@ class SubmitPipeline:
         self.buffer_bytes = 0
         self.shards: set[str] = set()
         self.unconfirmed: list = []      # (record, result) a caught error named
+        self.closed = False              # its block ended: submits write directly
         self.sent = 0                    # jobs submitted through the pipeline
         self.multis = 0
         self.resent = 0
@@ -222,14 +228,17 @@ class SubmitPipeline:
 
 
 def current(backend) -> SubmitPipeline | None:
-    """The pipeline this thread has open on `backend`, if any."""
-    return getattr(_local, "pipelines", {}).get(backend.alias)
+    """The pipeline this context has open on `backend`, if any. A task started inside a
+    block inherits its context and may outlive it: once the block ended, it has none."""
+    pipeline = (_pipelines.get() or {}).get(backend.alias)
+    return None if pipeline is None or pipeline.closed else pipeline
 
 
 @contextmanager
 def pipelined(backend: str = DEFAULT_TASK_BACKEND_ALIAS):
     """Inside the block, submit() on `backend` (an alias of a ZooKeeperBackend) sends and
-    returns; on leaving it, every job is written (see the module's docstring).
+    returns; on leaving it, every job is written (see the module's docstring). The block
+    covers this context: this thread, or this coroutine and the tasks it starts.
 
     Nested blocks share the outermost one. If the block raises, the jobs already
     submitted are still written before the exception propagates; a note on it names
@@ -240,11 +249,13 @@ def pipelined(backend: str = DEFAULT_TASK_BACKEND_ALIAS):
         # Immediate/Dummy backends in a user's tests: submits are immediate anyway.
         yield None
         return
-    pipelines = _local.__dict__.setdefault("pipelines", {})
-    if backend in pipelines:
-        yield pipelines[backend]
+    outer = current(chosen)
+    if outer is not None:
+        yield outer
         return
-    pipeline = pipelines[backend] = SubmitPipeline(chosen)
+    _refuse_in_a_loop_with_async_receivers(chosen)
+    pipeline = SubmitPipeline(chosen)
+    token = _pipelines.set({**(_pipelines.get() or {}), backend: pipeline})
     try:
         try:
             yield pipeline
@@ -260,4 +271,11 @@ def pipelined(backend: str = DEFAULT_TASK_BACKEND_ALIAS):
             raise
         pipeline.flush()
     finally:
-        del pipelines[backend]
+        pipeline.closed = True
+        _pipelines.reset(token)
+
+
+def _refuse_in_a_loop_with_async_receivers(backend) -> None:
+    from .backend import refuse_sync_signal_in_a_loop
+
+    refuse_sync_signal_in_a_loop(backend, "zktasks.pipelined()")

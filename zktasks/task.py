@@ -7,6 +7,7 @@ import types
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, task_backends
 from django.tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskResult
 
@@ -296,8 +297,21 @@ class ZkTaskResult(TaskResult):
         self._copy_from(backend.wait(self.id, timeout=timeout))
         return self
 
+    async def await_result(self, timeout: float | None = None) -> "ZkTaskResult":
+        """wait() for async code: `await result.await_result(timeout=10)` waits on the
+        same ZooKeeper watch without blocking the event loop (wait() would)."""
+        backend = self.task.get_backend()
+        if not hasattr(backend, "await_result"):  # Django's Immediate or Dummy backend
+            return await sync_to_async(self.wait, thread_sensitive=False)(timeout)
+        self._copy_from(await backend.await_result(self.id, timeout=timeout))
+        return self
+
     def refresh(self):
         self._copy_from(self.task.get_backend().get_result(self.id))
+
+    async def arefresh(self):
+        # Django's copies TASK_REFRESH_ATTRS, which leaves out `extra` (attempts...).
+        self._copy_from(await self.task.get_backend().aget_result(self.id))
 
     def cancel(self, *, force: bool = False) -> bool:
         """Cancel the job: True if it will never run; False if its worker was asked to
