@@ -139,8 +139,31 @@ def _detached(func: types.FunctionType, memo: dict) -> types.FunctionType:
                 value = _task_around(value, _detached(value.func, memo))
         elif isinstance(value, types.FunctionType) and value.__module__ == module:
             value = _detached(value, memo)
+        elif isinstance(value, types.ModuleType) and _importable(value):
+            # `from myapp import tasks`, then `tasks.add.submit()`: dill would pickle the
+            # module's whole __dict__ (every task in it; a task made as `x = zk_task(_x)`
+            # then failed to load) and write it over the worker's copy. By name instead.
+            value = _module_by_name(value.__name__)
         new_globals[name] = value
     return copy
+
+
+def _importable(module: types.ModuleType) -> bool:
+    """Whether a module is one a worker can import by its name (not a script's
+    __main__, not one made at run time)."""
+    name = getattr(module, "__name__", "")
+    return (name != "__main__" and sys.modules.get(name) is module
+            and getattr(module, "__spec__", None) is not None)
+
+
+class _module_by_name:  # noqa: N801 (a pickling stand-in)
+    """Stands for a module in a detached function's globals; unpickles as the import."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __reduce__(self):
+        return importlib.import_module, (self.name,)
 
 
 class _task_around:  # noqa: N801 (a pickling stand-in, used like a function)

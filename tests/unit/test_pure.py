@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests import tasks as tasks_module
 from zktasks import envelope, records, serialization
 from zktasks.conf import Options
 from zktasks.exceptions import ConfigurationError, CorruptRecord, PayloadVerificationError
@@ -157,6 +158,19 @@ def test_by_value_function_carries_its_module_helpers():
     blob = serialization.dump_call(_module_function, (1,), {}, task_path="t")
     call = serialization.load_call(blob)
     assert call.func(*call.args) == 2
+
+
+def _uses_a_module(x):
+    return tasks_module.add.func(x, x), tasks_module.__name__
+
+
+def test_a_module_a_by_value_function_names_travels_by_name():
+    """dill pickled the module's whole __dict__ (tests.tasks: every task in it), and
+    loading it failed on a task made as `x = zk_task(_x)`."""
+    blob = serialization.dump_call(_uses_a_module, (2,), {}, task_path="t")
+    assert len(blob) < 2_000
+    call = serialization.load_call(blob)
+    assert call.func(*call.args) == (4, "tests.tasks")
 
 
 def test_short_repr_survives_hostile_repr():
