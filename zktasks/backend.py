@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.inspect import get_func_args
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from . import envelope, records, serialization
+from . import envelope, records, serialization, statuswatch
 from .client import get_client
 from .conf import Options
 from .exceptions import (
@@ -39,7 +39,6 @@ from .exceptions import (
     RetryRefused,
     ZooKeeperUnavailableError,
 )
-from .handler import inline_watch
 from .pipeline import current as pipeline_of
 from .records import StatusRecord
 from .store import Store, failures, mark_draining
@@ -393,18 +392,14 @@ class ZooKeeperBackend(BaseTaskBackend):
         """Block on the job's own status znode (rule 7: no herd) until it finishes."""
         deadline = None if timeout is None else time.monotonic() + timeout
         changed = threading.Event()
-
-        @inline_watch
-        def on_change(event):
-            # Runs on kazoo's connection thread (handler.py): only signal.
-            changed.set()
-
-        while True:
-            changed.clear()
-            finished, pause = self._wait_step(job_id, deadline, timeout, on_change)
-            if finished is not None:
-                return finished
-            changed.wait(pause)
+        wake = changed.set  # runs on kazoo's connection thread (handler.py): only signal
+        with self._status_watch(job_id, wake) as on_change:
+            while True:
+                changed.clear()
+                finished, pause = self._wait_step(job_id, deadline, timeout, on_change)
+                if finished is not None:
+                    return finished
+                changed.wait(pause)
 
     async def await_result(self, job_id: str, timeout: float | None = None):
         """wait() for async code: the same watch resolves an asyncio event, and each read
@@ -413,20 +408,36 @@ class ZooKeeperBackend(BaseTaskBackend):
         deadline = None if timeout is None else time.monotonic() + timeout
         changed = asyncio.Event()
 
-        @inline_watch
-        def on_change(event):
+        def wake():
             # kazoo's connection thread; the watch can outlive this coroutine and its loop.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(changed.set)
 
         step = sync_to_async(self._wait_step, thread_sensitive=False)
-        while True:
-            changed.clear()
-            finished, pause = await step(job_id, deadline, timeout, on_change)
-            if finished is not None:
-                return finished
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), pause)
+        with self._status_watch(job_id, wake) as on_change:
+            while True:
+                changed.clear()
+                finished, pause = await step(job_id, deadline, timeout, on_change)
+                if finished is not None:
+                    return finished
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), pause)
+
+    @contextlib.contextmanager
+    def _status_watch(self, job_id: str, wake):
+        """The watch function a waiter reads the job's status with (statuswatch.py: one
+        per znode, shared), `wake` registered on it while the block runs."""
+        client, path = self.store.raw_client, self.store.layout.status(job_id)
+        on_change = statuswatch.watches.join(client, path, wake)
+        settled = False
+        try:
+            yield on_change
+            settled = True
+        except JobNotFound:
+            settled = True  # no change will come for a job that is not there
+            raise
+        finally:
+            statuswatch.watches.leave(client, path, wake, finished=settled)
 
     def _wait_step(self, job_id: str, deadline: float | None, timeout: float | None,
                    on_change):

@@ -75,3 +75,32 @@ def test_drain_requested_through_zookeeper_stops_the_worker(backend, start_worke
     assert worker.wait_stopped(30)
     assert zk_client.get_children(backend.store.layout.workers) == []
     assert backend.drain_worker("nobody") is False
+
+
+def test_waits_that_time_out_share_one_watch_and_every_waiter_wakes(backend, start_worker):
+    """kazoo keeps a path's watch functions until the znode changes: a wait that timed
+    out left its own there, so a view long-polling a job waiting in a backlog grew that
+    set by one per poll (300 polls, 300). Waiters now share one function per znode."""
+    import threading
+
+    from zktasks import statuswatch
+
+    job = tasks.add.submit(20, 22)  # no worker yet: it stays READY
+    path = backend.store.layout.status(job.id)
+    for _ in range(300):
+        with pytest.raises(TimeoutError):
+            job.wait(timeout=0)
+    # kazoo's private registry is the thing that grew; nothing public counts it.
+    assert len(backend.store.raw_client._data_watchers.get(path, ())) == 1
+
+    outcomes = []
+    waiters = [threading.Thread(target=lambda: outcomes.append(
+        backend.wait(job.id, timeout=30).status)) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    start_worker()
+    for waiter in waiters:
+        waiter.join(60)
+    assert outcomes == [TaskResultStatus.SUCCESSFUL] * 3
+    assert job.wait(timeout=30).return_value == 42
+    assert (id(backend.store.raw_client), path) not in statuswatch.watches._entries
