@@ -19,6 +19,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kazoo.exceptions import (
@@ -137,8 +138,7 @@ class Leader:
         self._next_expiry = 0.0       # epoch seconds the earliest finished bucket expires
         self._expiry_cursor = ""      # where a capped expiry sweep resumes (expire_finished)
         self._last_cancel_sweep = -math.inf
-        # One function, so re-arming the watch at every sweep does not pile up closures
-        # in kazoo's watcher set while finished/ stays unchanged.
+        self._watch_fns: dict[str, Callable] = {}  # see _watch
         self._finished_watch = self._watch("finished")
         self._next_ticks: dict[str, float] = {}
         self._listed_at: dict[str, float] = {}
@@ -221,11 +221,23 @@ class Leader:
         self.wake.set()
 
     def _watch(self, key: str):
-        @inline_watch  # it only marks and wakes: run on kazoo's connection thread
-        def fire(event):
-            # kazoo fires NONE on disconnect and forgets the watch: re-read everything.
-            self.mark("*" if event.type == EventType.NONE else key)
+        """The watch function for `key`, one per key: kazoo keeps a path's functions in a
+        set until the path changes, and a new closure per read added one at every re-read
+        of an unchanged path (each 30 s reconcile, each term, each delayed mark: 209
+        idle paths grew by 61 functions each in 45 s of fast reconciles)."""
+        fire = self._watch_fns.get(key)
+        if fire is None:
+            @inline_watch  # it only marks and wakes: run on kazoo's connection thread
+            def fire(event):
+                # kazoo fires NONE on disconnect and forgets the watch: re-read everything.
+                self.mark("*" if event.type == EventType.NONE else key)
+            self._watch_fns[key] = fire
         return fire
+
+    def _unwatch(self, *keys: str) -> None:
+        """Forget the functions of keys whose path is gone (a worker, a shard, a queue)."""
+        for key in keys:
+            self._watch_fns.pop(key, None)
 
     # -- leading -----------------------------------------------------------------------
 
@@ -321,6 +333,7 @@ class Leader:
             live = set(self.store.children(self.layout.workers, watch=self._watch("workers")))
             for gone in set(self.workers) - live:
                 del self.workers[gone]
+                self._unwatch(f"a:{gone}", f"w:{gone}")
             for worker_id in live - set(self.workers):
                 self.workers[worker_id] = WorkerView(worker_id)
                 dirty.add(f"w:{worker_id}")
@@ -465,6 +478,9 @@ class Leader:
     def _forget_queue(self, queue: str) -> None:
         for shard in self.loaded.get(queue, {}):
             self._born.pop(f"s:{queue}/{shard}", None)
+            self._unwatch(f"s:{queue}/{shard}")
+        self._unwatch(f"q:{queue}")
+        self._listed_at.pop(f"q:{queue}", None)
         self.shards.pop(queue, None)
         self.loaded.pop(queue, None)
         self.pending.pop(queue, None)
@@ -528,6 +544,7 @@ class Leader:
                 for shard in loaded.keys() - kept.keys():
                     self._listed_at.pop(f"s:{queue}/{shard}", None)
                     self._born.pop(f"s:{queue}/{shard}", None)
+                    self._unwatch(f"s:{queue}/{shard}")
                 self.loaded[queue] = kept
                 self.pending[queue] = [n for nodes in kept.values() for n in nodes]
         self._stale.clear()

@@ -108,3 +108,29 @@ def test_a_failed_status_read_keeps_the_cancel_request(backend, zk_client, monke
     monkeypatch.setattr(store, "read_status", read_status)
     leader._sweep_cancel_requests()
     assert sorted(zk_client.get_children(layout.cancel)) == sorted([running.id, corrupt])
+
+
+def test_full_rereads_do_not_pile_up_watch_functions(backend):
+    """kazoo keeps a path's watch functions in a set until the path changes; a new
+    closure per read grew it at every reconcile (every 30 s) of an unchanged path."""
+    for queue in ("default", "emails", "reports"):  # no worker: they stay pending
+        tasks.add.using(queue_name=queue).submit(1, 1)
+    client = backend.store.raw_client
+    leader = Leader(backend.store, "rereader", stop=threading.Event())
+
+    def functions() -> int:
+        return sum(len(fns) for watchers in (client._child_watchers, client._data_watchers)
+                   for fns in watchers.values())
+
+    assert leader.contend()
+    try:
+        for _ in range(2):  # every path read once
+            leader.mark("*")
+            leader._tick()
+        once = functions()
+        for _ in range(20):
+            leader.mark("*")  # what RECONCILE_EVERY does
+            leader._tick()
+        assert functions() == once
+    finally:
+        leader._release()
