@@ -67,6 +67,11 @@ def request_cancel(job_id: str) -> None:
         _cancelled_jobs.add(job_id)
 
 
+def forget_cancel(job_id: str) -> None:
+    with _lock:
+        _cancelled_jobs.discard(job_id)
+
+
 def cancel_requested() -> bool:
     """Return True if someone asked the job running in this thread to stop."""
     job_id = current_job_id()

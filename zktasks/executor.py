@@ -212,6 +212,12 @@ class ThreadRunner:
         finally:
             context.bind_abandon_flag(None)
 
+    def forget(self, job_id: str) -> None:
+        """The worker is done with `job_id` here: drop a cancel it never ran into."""
+        from . import context
+
+        context.forget_cancel(job_id)
+
     def cancel(self, job_id: str, *, force: bool = False) -> None:
         from . import context
 
@@ -726,6 +732,12 @@ class ProcessRunner:
         with self._lock:
             slot.job_id, slot.queued, slot.forced = None, {}, set()
         self.free.put(slot)
+
+    def forget(self, job_id: str) -> None:
+        """The worker is done with `job_id` here: drop a cancel kept for its arrival that
+        never came (read while its run was settling, or before a refused start)."""
+        with self._lock:
+            self._early_cancels.pop(job_id, None)
 
     def cancel(self, job_id: str, *, force: bool = False) -> None:
         with self._lock:

@@ -687,10 +687,15 @@ class Worker:
             running = [j for j in mine if j in self._running]
         for item in queued:
             self._cancel_queued(item)
-        for job_id in running:
-            force = self._cancel_force(job_id)
-            logger.warning("cancel requested job=%s force=%s", job_id, force)
-            self.runner.cancel(job_id, force=force)
+        forces = {job_id: self._cancel_force(job_id) for job_id in running}  # reads: unlocked
+        with self._cond:
+            # Still running: once a run's loop has let go of it (and told the runner to
+            # forget it), a cancel handed to the runner would be kept for good.
+            for job_id in running:
+                if job_id in self._running:
+                    logger.warning("cancel requested job=%s force=%s", job_id,
+                                   forces[job_id])
+                    self.runner.cancel(job_id, force=forces[job_id])
 
     def _cancel_force(self, job_id: str) -> bool:
         try:
@@ -837,6 +842,10 @@ class Worker:
                             # refused): its assignment is still there until then.
                             self._forget(item)
                 for item in items:
+                    # A cancel read while it was in _running but not on the runner (its
+                    # run settling, a start refused) stayed there for good: one entry per
+                    # such job ever cancelled (a resource-growth audit).
+                    self.runner.forget(item.job_id)
                     self._wake_if_draining(item.job_id)
 
     def _batch_size(self) -> int:

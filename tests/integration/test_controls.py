@@ -342,3 +342,37 @@ def test_backlog_with_cancels_and_a_priority_arrival(backend, start_worker):
     assert all(job.status == TaskResultStatus.SUCCESSFUL for job in done)
     later = [job for job in done if job.finished_at > urgent.finished_at]
     assert len(later) >= 100  # it did not wait for the backlog
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_cancels_at_any_moment_leave_no_bookkeeping_behind(backend, start_worker, pool):
+    """A cancel read while a job was settling (its run over, its outcome on its way) was
+    handed to the runner for a run that never came, and kept for good: one entry per
+    such job ever cancelled, dozens per 300 (a resource-growth audit). Cancels here land
+    at every moment of the jobs' lives; none may stay once the worker is done."""
+    import random
+    import threading
+
+    from zktasks import context
+
+    worker = start_worker(concurrency=2, pool=pool)
+    jobs = tasks.short_sleep.submit_many([((0.005,), {}) for _ in range(150)])
+    ids = [job.id for job in jobs]
+
+    def cancel_some(part, seed):
+        pace = random.Random(seed)
+        for job_id in part:
+            threading.Event().wait(pace.random() * 0.01)  # spread over the jobs' lives
+            backend.cancel(job_id)
+
+    cancellers = [threading.Thread(target=cancel_some, args=(ids[i::3], i)) for i in range(3)]
+    for canceller in cancellers:
+        canceller.start()
+    for canceller in cancellers:
+        canceller.join(120)
+    for job in jobs:
+        job.wait(timeout=60)
+    wait_until(lambda: not worker._running and not worker._known, 60,
+               "the worker to let go of every job")
+    assert not set(ids) & context._cancelled_jobs
+    assert not set(ids) & set(getattr(worker.runner, "_early_cancels", {}))
