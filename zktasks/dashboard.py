@@ -881,6 +881,7 @@ class LiveState:
         self.jobs: dict[str, dict] = {}
         self.job_polled: dict[str, float] = {}
         self.topics: dict[str, int] = {}
+        self._topic_serial = 0
         self.dead_letters: tuple[int, str] = (0, "")  # count, newest name
         self._thread = threading.Thread(target=self._run, name="zktasks-dashboard-live",
                                         daemon=True)
@@ -1179,7 +1180,10 @@ class LiveState:
 
     def _bump(self, topic: str, changed: bool) -> None:
         if changed:
-            self.topics[topic] = self.topics.get(topic, 0) + 1
+            # One counter for all topics: a topic forgotten (below) and followed again
+            # never repeats a value a page's stale signature could match.
+            self._topic_serial += 1
+            self.topics[topic] = self._topic_serial
 
     def _refresh(self, dirty: set[str]) -> None:
         full = "*" in dirty
@@ -1351,6 +1355,12 @@ class LiveState:
                       > self.IDLE_AFTER]:
                 self.jobs.pop(j, None)
                 self.job_polled.pop(j, None)
+            # Topics of jobs no page follows, and of queues gone: one per job page ever
+            # opened otherwise, copied into every live.json answer (a resource audit).
+            for topic in [t for t in self.topics
+                          if (t.startswith("job:") and t[4:] not in self.jobs)
+                          or (t.startswith("q:") and t[2:] not in self.pending)]:
+                del self.topics[topic]
             followed = ({f"w:{w}" for w in self.workers} | {f"a:{w}" for w in self.workers}
                         | {f"q:{q}" for q in self.pending} | {f"b:{b}" for b in self.buckets}
                         | {f"j:{j}" for j in self.jobs})

@@ -144,3 +144,21 @@ def test_an_idle_cache_reads_nothing_until_polled_again(admin_client, backend, r
     assert [r for r in reads if r[2] == "zktasks-dashboard-live"] == []
     # The first poll after the idle spell waits for the marks to be read: it is current.
     assert poll(admin_client)["totals"]["pending"] == 6
+
+
+def test_topics_are_kept_only_for_the_jobs_followed(backend, monkeypatch):
+    """Each job page polled added a `job:{id}` topic that stayed for good, copied into
+    every live.json answer (a resource-growth audit)."""
+    monkeypatch.setattr(dashboard.LiveState, "MAX_WATCHED_JOBS", 3)
+    state = dashboard.live_state(backend)
+    for n in range(10):
+        state.snapshot(job_id=tasks.add.submit(n, 1).id)
+
+    def job_topics():
+        return [t for t in state.snapshot()["topics"] if t.startswith("job:")]
+
+    tasks.add.submit(99, 1)  # a change to read: the refresh that prunes
+    wait_until(lambda: len(job_topics()) <= 3, 20, "topics of unfollowed jobs to go")
+    assert set(job_topics()) <= {f"job:{j}" for j in state.jobs}
+    values = list(state.snapshot()["topics"].values())
+    assert len(values) == len(set(values))  # one serial: no two topics share a value
