@@ -500,27 +500,28 @@ class ZooKeeperBackend(BaseTaskBackend):
             self._request_cancel(store, job_id, force)
             return False
         final = _cancelled(record, f"Job {job_id!r} was cancelled before it ran.")
-        for waiting in _waiting_places(store, record):
-            if self._fail_cancelled(store, found, final, waiting):
-                return True
+        if self._fail_cancelled(store, found, final,
+                                [(path, -1) for path in _waiting_places(store, record)]):
+            return True
         # A worker holds it (assigned, maybe not started): ask that worker.
         self._request_cancel(store, job_id, force)
         return False
 
     @staticmethod
-    def _fail_cancelled(store: Store, found, final: StatusRecord, where: str,
-                        where_version: int = -1) -> bool:
+    def _fail_cancelled(store: Store, found, final: StatusRecord,
+                        places: list[tuple[str, int]]) -> bool:
         """Record `final` (a READY job failed as cancelled) over the status `found` and
-        delete `where`, the one place the job waits, in one multi; False if refused
-        (the job or that place changed meanwhile)."""
+        delete the place the job waits, in one multi, trying each (path, version) of
+        `places` in turn; False if every one was refused (the job or its place changed
+        meanwhile)."""
         status_path = store.layout.status(final.id)
         data = final.to_bytes()
         index = store.index_path(final)
         cleanup = store.cleanup_paths(final)
 
-        def build_for(index):
+        def build_for(where, version, index):
             def build(txn):
-                txn.delete(where, version=where_version)
+                txn.delete(where, version=version)
                 txn.set_data(status_path, data, version=found.version)
                 txn.create(index, b"")
                 for path in cleanup:
@@ -530,12 +531,15 @@ class ZooKeeperBackend(BaseTaskBackend):
         def landed():
             return store._written(status_path, data)
 
-        results = store.commit(build_for(index), landed=landed)
-        failed = failures(results)
-        if failed and store.forget_bucket_if_gone(index, failed):
-            index = store.index_path(final)  # purged meanwhile: make it again
-            failed = failures(store.commit(build_for(index), landed=landed))
-        return not failed
+        for where, version in places:
+            failed = failures(store.commit(build_for(where, version, index), landed=landed))
+            if failed and store.forget_bucket_if_gone(index, failed):
+                index = store.index_path(final)  # purged meanwhile: make it again
+                failed = failures(store.commit(build_for(where, version, index),
+                                               landed=landed))
+            if not failed:
+                return True
+        return False
 
     def _bounded(self, store: Store, call, what: str, advice: str):
         """Run `call()` with every ZooKeeper request bounded by CONNECT_TIMEOUT, so a web
@@ -648,13 +652,13 @@ class ZooKeeperBackend(BaseTaskBackend):
 
         return deadletter.listing(self.store, limit, after=after)
 
-    def discard_dead_letter(self, name: str) -> bool:
-        """Forget a dead-letter entry; False if it was gone already.
+    def discard_dead_letter(self, name: str) -> "Discarded":
+        """Forget a dead-letter entry; false (a Discarded) if it was gone already.
 
         An entry that is the only place its job waits (see `stranded_job`) takes the job
         with it: the job is failed as cancelled (JobCancelled, never retried) in the
-        multi that deletes the entry, so nobody waits on it forever. Re-queue the entry
-        instead to run the job.
+        multi that deletes the entry, so nobody waits on it forever; the answer's
+        `failed_job` names it. Re-queue the entry instead to run the job.
         """
         store = self.store
         return self._bounded(
@@ -662,26 +666,26 @@ class ZooKeeperBackend(BaseTaskBackend):
             f"Discarding dead-letter entry {name!r} has an unknown outcome:",
             "Look at the dead letters again once the ensemble answers.")
 
-    def _discard_dead_letter(self, store: Store, name: str) -> bool:
+    def _discard_dead_letter(self, store: Store, name: str) -> "Discarded":
         from . import deadletter
 
         letter = deadletter.read(store, name)
         if letter is None:
-            return False
+            return Discarded(False)
         found = self.stranded_job(letter)
         if found is None:
-            return deadletter.discard(store, name, letter.version)
+            return Discarded(deadletter.discard(store, name, letter.version))
         job_id = found.record.id
         final = _cancelled(found.record, f"Job {job_id!r} was discarded with dead-letter "
                                          f"entry {name}, the only place it waited; it "
                                          "will not run.")
-        if not self._fail_cancelled(store, found, final, store.layout.dead_letter(name),
-                                    letter.version):
+        if not self._fail_cancelled(store, found, final,
+                                    [(store.layout.dead_letter(name), letter.version)]):
             raise DeadLetterRefused(f"Job {job_id} or entry {name} changed meanwhile "
                                     "(re-queued or handled by somebody else); look again.")
         logger.warning("job failed as cancelled: discarded from the dead letters job=%s "
                        "entry=%s", job_id, name)
-        return True
+        return Discarded(True, failed_job=job_id)
 
     def stranded_job(self, letter):
         """The status (store.Found) of the unfinished job a dead-letter entry is the only
@@ -796,6 +800,18 @@ class ZooKeeperBackend(BaseTaskBackend):
         return bool(data and data.get("draining"))
 
 
+@dataclasses.dataclass(frozen=True)
+class Discarded:
+    """What discard_dead_letter() did: true if it deleted the entry; `failed_job`, the
+    job it failed as cancelled with it (the entry was the only place it waited)."""
+
+    found: bool
+    failed_job: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.found
+
+
 def refuse_sync_signal_in_a_loop(backend, what: str) -> None:
     """Raise SynchronousOnlyOperation, before anything is written, where a sync submit
     could not announce its job: in a thread running an event loop, with async
@@ -806,6 +822,7 @@ def refuse_sync_signal_in_a_loop(backend, what: str) -> None:
         asyncio.get_running_loop()
     except RuntimeError:
         return  # no loop in this thread: send() runs async receivers itself
+    # Private, but Django has no public way to tell the async receivers apart.
     if task_enqueued._live_receivers(type(backend))[1]:  # (sync, async) receivers
         raise SynchronousOnlyOperation(
             f"{what} in async code, with async task_enqueued receivers connected, could "

@@ -96,26 +96,21 @@ def connect(conf, *, wait: float = CONNECT_WAIT):
             _connecting.clear()
             _last_failure.clear()
         future = _connecting.get(key)
-        failed = None
         if future is None or future.done():
-            if future is not None and not future.cancelled():
-                failed = future.exception()  # the last attempt's reason, said below
+            if future is not None and not future.cancelled() and future.exception():
+                _last_failure[key] = future.exception()  # said while trying again
             future = _connect_pool[1].submit(get_client, conf)
             _connecting[key] = future
-        elif key in _last_failure:
-            failed = _last_failure[key]
-        if failed is not None:
-            _last_failure[key] = failed
+        failed = _last_failure.get(key)
     try:
         client = future.result(timeout=wait)
     except FutureTimeout:
         # A page that only ever said "still connecting" hid why the last attempt failed
         # (a refused TLS handshake, a wrong HOSTS): say it while trying again.
-        before = f"The last attempt failed: {failed} Trying again; " if failed else ""
+        said = (f"The last attempt failed: {failed} Trying again; " if failed
+                else f"Still connecting to ZooKeeper at {conf.hosts!r}; ")
         raise ZooKeeperUnavailableError(
-            f"{before or 'Still connecting to ZooKeeper at ' + repr(conf.hosts) + '; '}"
-            "this page shows the tree once it answers."
-        ) from None
+            said + "this page shows the tree once it answers.") from None
     with _connect_lock:
         _last_failure.pop(key, None)
     if not client.connected:

@@ -253,7 +253,9 @@ def pipelined(backend: str = DEFAULT_TASK_BACKEND_ALIAS):
     if outer is not None:
         yield outer
         return
-    _refuse_in_a_loop_with_async_receivers(chosen)
+    from .backend import refuse_sync_signal_in_a_loop  # backend imports this module
+
+    refuse_sync_signal_in_a_loop(chosen, "zktasks.pipelined()")
     pipeline = SubmitPipeline(chosen)
     token = _pipelines.set({**(_pipelines.get() or {}), backend: pipeline})
     try:
@@ -273,9 +275,3 @@ def pipelined(backend: str = DEFAULT_TASK_BACKEND_ALIAS):
     finally:
         pipeline.closed = True
         _pipelines.reset(token)
-
-
-def _refuse_in_a_loop_with_async_receivers(backend) -> None:
-    from .backend import refuse_sync_signal_in_a_loop
-
-    refuse_sync_signal_in_a_loop(backend, "zktasks.pipelined()")

@@ -45,9 +45,6 @@ class StatusWatches:
             if finished and not entry[1]:
                 del self._entries[key]
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def _watch_for(self, key):
         @inline_watch
         def on_change(event):

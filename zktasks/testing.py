@@ -662,6 +662,8 @@ class ZooKeeperServer:
                 raise
             log.info("port %s was taken meanwhile; retrying on another", self._port)
             self._port = free_port()
+            if self._secure_port is not None:  # either port may have been the one
+                self._secure_port = free_port()
             return self.start(timeout, wait=wait)
         except BaseException:
             self.kill()

@@ -504,8 +504,6 @@ class DashboardViews:
                 if verb == "re-queue":
                     job_id = backend.requeue_dead_letter(name)
                 else:
-                    letter = deadletter.read(backend.store, name)
-                    stranded = backend.stranded_job(letter) if letter else None
                     found = backend.discard_dead_letter(name)
             except DeadLetterRefused as exc:
                 done = "re-queued" if verb == "re-queue" else "discarded"
@@ -522,8 +520,8 @@ class DashboardViews:
                 subject.label = f"dead-letter entry {name}"
                 self.log(request, subject, subject.label, deletion=True)
                 messages.success(request, f"Discarded dead-letter entry {name}." + (
-                    f" Job {stranded.record.id}, which waited nowhere else, was failed as "
-                    "cancelled." if stranded else ""))
+                    f" Job {found.failed_job}, which waited nowhere else, was failed as "
+                    "cancelled." if found.failed_job else ""))
             else:
                 messages.warning(request, f"Dead-letter entry {name} was gone already.")
             return HttpResponseRedirect(back)

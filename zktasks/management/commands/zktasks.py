@@ -341,13 +341,11 @@ class Command(BaseCommand):
 
     def do_discard(self, backend, options) -> None:
         name = options["entry"]
-        letter = deadletter.read(backend.store, name)
-        # Said before acting, like the dashboard's confirmation: the job goes with it.
-        stranded = backend.stranded_job(letter) if letter else None
-        if not backend.discard_dead_letter(name):
+        discarded = backend.discard_dead_letter(name)
+        if not discarded:
             raise CommandError(f"No dead-letter entry {name!r} (re-queued or "
                                "discarded already?).")
-        failed = stranded.record.id if stranded else None
+        failed = discarded.failed_job
         self.emit({"entry": name, "discarded": True, "failed_job": failed},
                   f"Discarded dead letter {name}."
                   + (f" Job {failed}, which waited nowhere else, was failed as cancelled."
