@@ -317,3 +317,29 @@ def leaves_a_thread():
     """Start a non-daemon thread that never ends (it keeps its process from exiting)."""
     threading.Thread(target=threading.Event().wait, name="left-behind").start()
     return os.getpid()
+
+
+# Set by the test that uses them (in-process thread-pool workers only).
+rerun_gates: dict[str, threading.Event] = {}
+
+
+@zk_task(takes_context=True)
+def rerun_sees_a_cancel_after_its_first_run_ends(context, limit):
+    """Attempt 1 ignores being abandoned and ends when the test says; a later attempt,
+    once the test says the first run is gone, raises JobCancelled if asked to stop within
+    `limit` seconds (else returns 'not asked')."""
+    from zktasks import JobCancelled, cancel_requested
+
+    gates = rerun_gates
+    if context.attempt == 1:
+        gates["first started"].set()
+        gates["first may end"].wait(limit)
+        return "first"
+    gates["rerun started"].set()
+    gates["first gone"].wait(limit)
+    deadline = time.monotonic() + limit
+    while not cancel_requested():  # the API is polled; no event says it turned True
+        if time.monotonic() > deadline:
+            return "not asked"
+        time.sleep(0.02)
+    raise JobCancelled("asked while the first run's bookkeeping went away")

@@ -51,11 +51,10 @@ def bind_abandon_flag(flag: threading.Event | None) -> None:
 
 
 def end() -> None:
-    job_id = _job_id.get()
+    # A cancel is not dropped here but when the worker lets go of the job (forget_cancel):
+    # after a lost session the same job may have a second run in this process, under
+    # the worker's new identity, and the first one ending must not take its cancel.
     _job_id.set(None)
-    if job_id:
-        with _lock:
-            _cancelled_jobs.discard(job_id)
 
 
 def current_job_id() -> str | None:

@@ -258,6 +258,39 @@ def test_a_run_whose_worker_session_expired_is_asked_to_stop_and_its_job_runs_ag
     assert not (tmp_path / "not-asked").exists()
 
 
+def test_a_cancel_for_a_rerun_outlives_the_end_of_the_first_run_in_the_same_process(
+        backend, start_worker, zk_hosts, monkeypatch):
+    """The thread pool keeps cancel requests by job id, per process. A job handed back
+    after a lost session and assigned again to this process's new identity has two runs
+    here for a while; the first one ending (its run, then the worker letting go of it)
+    used to drop the cancel requested for the rerun, which then ran to its end."""
+    from zktasks import context
+
+    gates = {name: threading.Event() for name in
+             ("first started", "first may end", "rerun started", "first gone")}
+    monkeypatch.setattr(tasks, "rerun_gates", gates)
+    worker = start_worker(pool="thread", concurrency=2)
+    job = tasks.rerun_sees_a_cancel_after_its_first_run_ends.submit(30)
+    assert gates["first started"].wait(30)
+    _expire(zk_hosts, worker.client)
+    assert gates["rerun started"].wait(30), "the job to come back under the new identity"
+
+    let_go = worker._wake_if_draining  # the last step of a run's bookkeeping
+
+    def first_run_let_go(job_id):
+        let_go(job_id)
+        if job_id == job.id:  # the rerun is still waiting: this was the first run
+            gates["first gone"].set()
+
+    monkeypatch.setattr(worker, "_wake_if_draining", first_run_let_go)
+    assert job.cancel() is False  # running: asked to stop
+    wait_until(lambda: job.id in context._cancelled_jobs, 30, "the cancel to reach the runner")
+    gates["first may end"].set()
+    job.wait(timeout=60)
+    assert job.status == TaskResultStatus.FAILED
+    assert job.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
+
+
 def test_stale_leader_write_is_refused_by_its_fence(backend, zk_hosts, zk_client):
     """A leader whose session expired must not assign, even if its client reconnects."""
     tasks.add.submit(1, 2)
