@@ -335,8 +335,10 @@ class DashboardViews:
         )
         return self.render(request, "job.html", context)
 
-    def _job_action(self, request, job_id, *, verb: str, run, done: str, refused: str):
-        """Confirm (GET), then act (POST): shared by retry and cancel."""
+    def _job_action(self, request, job_id, *, verb: str, run, refused: str):
+        """Confirm (GET), then act (POST): shared by retry and cancel. `run(backend,
+        job_id, post)` answers with what was done, for the message and the admin log,
+        or None when the job was left as it was."""
         if request.method not in ("GET", "POST"):
             return HttpResponseNotAllowed(["GET", "POST"])
         if not is_job_id(job_id):
@@ -347,7 +349,7 @@ class DashboardViews:
         back = self.url("zktasks_job_change", job_id)
         if request.method == "POST":
             try:
-                ok = run(zk_backend(connected=True), job_id)
+                done = run(zk_backend(connected=True), job_id, request.POST)
             except JobNotFound:
                 messages.error(request, f"No job has the id “{job_id}” (expired or purged).")
                 return HttpResponseRedirect(self.url("zktasks_job_changelist"))
@@ -356,7 +358,7 @@ class DashboardViews:
                 return HttpResponseRedirect(back)
             except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
                 return self.unavailable(request, exc, title, "results")
-            if ok:
+            if done:
                 self.log(request, Job(id=job_id), done)
                 messages.success(request, f"{done} (job {job_id}).")
             else:
@@ -375,17 +377,33 @@ class DashboardViews:
         return self.render(request, "confirm_job.html", context)
 
     def retry(self, request, job_id):
+        def run(backend, job_id, post):
+            if backend.retry(job_id):
+                return "Sent the failed job back to its queue for one more attempt"
+            return None
+
         return self._job_action(
-            request, job_id, verb="retry", run=lambda b, j: b.retry(j),
-            done="Sent the failed job back to its queue for one more attempt",
+            request, job_id, verb="retry", run=run,
             refused="The job was not retried: only a failed job can be (it may have been "
                     "retried already).")
 
     def cancel(self, request, job_id):
+        def run(backend, job_id, post):
+            force = post.get("force") == "yes"
+            if backend.cancel(job_id, force=force):
+                return "Cancelled the job before it ran"
+            if backend.get_result(job_id).is_finished:
+                return None
+            # Held by a worker: backend.cancel asked that worker to stop it.
+            if force:
+                return ("Asked the worker holding the job to stop it, terminating its task "
+                        "process if it runs in one")
+            return ("Asked the worker holding the job to stop it (the task sees "
+                    "zktasks.cancel_requested(); one that never checks runs to its end)")
+
         return self._job_action(
-            request, job_id, verb="cancel", run=lambda b, j: b.cancel(j),
-            done="Cancelled the job before it ran",
-            refused="The job was not cancelled: a worker has it already, or it finished.")
+            request, job_id, verb="cancel", run=run,
+            refused="The job was not cancelled: it has finished.")
 
     # -- purge and drain -----------------------------------------------------------------
 

@@ -67,6 +67,40 @@ def test_cancel_a_pending_job(admin_client, backend):
     assert LogEntry.objects.get().object_id == job.id
 
 
+def test_stop_a_running_job_from_its_page(admin_client, backend, start_worker, tmp_path):
+    """A running job's page offers Stop…; the worker is asked, the task sees
+    cancel_requested(), and the request is logged. (The form used to say a running job
+    "cannot be cancelled here" while its POST asked the worker anyway, unlogged, and
+    answered "not cancelled".)"""
+    start_worker()
+    job = tasks.stops_when_its_worker_is_lost.submit(str(tmp_path), 60)
+    wait_until(lambda: (tmp_path / "1.started").exists(), 30, "the job to start")
+    wait_until(lambda: backend.store.read_status(job.id).record.state == "RUNNING", 30,
+               "its RUNNING record")
+    assert "Stop…" in admin_client.get(url("zktasks_job_change", job.id)).content.decode()
+    page = admin_client.get(url("zktasks_job_cancel", job.id)).content.decode()
+    assert "Stop job" in page and "cancel_requested()" in page and 'name="force"' in page
+    response = follow(admin_client, url("zktasks_job_cancel", job.id))
+    assert any("Asked the worker holding the job to stop it" in m
+               for m in messages_of(response))
+    result = backend.wait(job.id, timeout=30)
+    assert result.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
+    assert (tmp_path / "asked").exists()
+    assert "Asked the worker" in LogEntry.objects.get(object_id=job.id).get_change_message()
+
+
+def test_stop_with_force_terminates_the_task_process(admin_client, backend, start_worker,
+                                                     tmp_path):
+    start_worker(pool="process", concurrency=1)
+    job = tasks.sleep_then_return.submit(str(tmp_path), 60, "never")
+    wait_until(lambda: any(tmp_path.iterdir()), 60, "the job to start")
+    response = follow(admin_client, url("zktasks_job_cancel", job.id), {"force": "yes"})
+    assert any("terminating its task process" in m for m in messages_of(response))
+    result = backend.wait(job.id, timeout=30)
+    assert result.status == "FAILED"
+    assert result.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
+
+
 def test_cancel_refuses_a_finished_job(admin_client, backend, start_worker):
     start_worker()
     job = tasks.add.submit(1, 1)
