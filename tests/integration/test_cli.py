@@ -208,6 +208,18 @@ def test_dead_letters_are_listed_requeued_and_discarded(backend, zk_client, star
     assert json.loads(zktasks("dead-letters", "--json")) == []
 
 
+def test_dead_letters_page_past_one_listing(backend, zk_client):
+    """--limit was capped at 200 without a word, and there was no way to see the rest."""
+    planted = sorted((plant(backend, zk_client, f"junk{i}", b"x") for i in range(3)),
+                     reverse=True)  # newest first
+    first = zktasks("dead-letters", "--limit", "2")
+    assert f"more: add --after {planted[1]}" in first
+    rest = json.loads(zktasks("dead-letters", "--after", planted[1], "--json"))
+    assert [e["name"] for e in rest] == planted[2:]
+    with pytest.raises(CommandError, match="must be at most 200"):
+        zktasks("dead-letters", "--limit", "500")
+
+
 def test_discarding_the_only_place_a_job_waits_says_the_job_was_failed(backend, zk_client):
     job, parked = parked_job(backend, zk_client)
     out = json.loads(zktasks("discard", parked, "--json"))

@@ -41,8 +41,8 @@ def zk_backend(alias: str, command: str):
     return backend
 
 
-def whole_number(minimum: int):
-    """An argparse type: a whole number of at least `minimum`."""
+def whole_number(minimum: int, maximum: int | None = None):
+    """An argparse type: a whole number of at least `minimum` (and at most `maximum`)."""
     def parse(value: str) -> int:
         try:
             number = int(value)
@@ -52,6 +52,8 @@ def whole_number(minimum: int):
             raise argparse.ArgumentTypeError(
                 f"{value!r} must not be negative" if minimum == 0
                 else f"{value!r} must be at least {minimum}")
+        if maximum is not None and number > maximum:
+            raise argparse.ArgumentTypeError(f"{value!r} must be at most {maximum}")
         return number
     return parse
 

@@ -119,8 +119,12 @@ class Command(BaseCommand):
         drain.add_argument("worker_id")
         letters = action("dead-letters", "List the dead letters (garbage znodes and "
                                          "refused payloads moved aside), newest first.")
-        letters.add_argument("--limit", type=whole_number(1), default=50,
-                             help="entries to list (default %(default)s)")
+        letters.add_argument("--limit", type=whole_number(1, deadletter.LIST_LIMIT),
+                             default=50, help="entries to list (default %(default)s, at "
+                                              f"most {deadletter.LIST_LIMIT})")
+        letters.add_argument("--after", type=znode_name("entry name"), default=None,
+                             metavar="ENTRY", help="continue a listing after this entry "
+                                                   "(the last one the previous page listed)")
         requeue = action("requeue", "Send the job of a dead-letter entry back to its queue "
                                     "and delete the entry.")
         requeue.add_argument("entry", help="the entry's name, as dead-letters lists it")
@@ -320,7 +324,7 @@ class Command(BaseCommand):
 
     def do_dead_letters(self, backend, options) -> None:
         self.root_exists(self.connect(backend), backend)
-        letters = backend.dead_letters(options["limit"])
+        letters = backend.dead_letters(options["limit"], after=options["after"])
         rows = [{"name": e.name, "at": e.at, "kind": e.kind, "job_id": e.job_id,
                  "by": e.by, "reason": e.reason or e.unreadable, "size": e.size}
                 for e in letters]
@@ -330,6 +334,8 @@ class Command(BaseCommand):
         lines += _table(["ENTRY", "AT", "KIND", "JOB", "REASON"], [
             [r["name"], _when(r["at"]), r["kind"], r["job_id"] or "-",
              deadletter.one_line(r["reason"], 80)] for r in rows])
+        if len(rows) == options["limit"]:
+            lines.append(f"more: add --after {rows[-1]['name']}")
         if rows:
             lines.append("Act on one with: manage.py zktasks requeue ENTRY, or discard ENTRY.")
         self.emit(rows, "\n".join(lines))
