@@ -134,6 +134,7 @@ class Leader:
         self.delayed: list[str] = []  # sorted names of due jobs: the first is due first
         self._delayed_next_ms: int | None = None  # the first due time not loaded yet
         self.assignments_total = 0
+        self._unserved: set[str] = set()  # queues with jobs no live worker serves (warned)
         self._last_expiry = -math.inf  # monotonic; not 0.0, which counts from boot
         self._next_expiry = 0.0       # epoch seconds the earliest finished bucket expires
         self._expiry_cursor = ""      # where a capped expiry sweep resumes (expire_finished)
@@ -277,6 +278,7 @@ class Leader:
 
     def _lead(self) -> None:
         self._set_leader(True)
+        self._unserved = set()  # a new term warns again
         self.mark("*")  # rule 6: a new leader reconciles from the whole tree
         last_full = time.monotonic()  # the mark just above is the first full read
         while not self.stop_event.is_set():
@@ -323,6 +325,7 @@ class Leader:
         self._promote_due()
         self._run_schedules()
         self._assign()
+        self._note_unserved()
         self._expire_results(listed=bool(dirty & {"*", "finished"}))
 
     # -- reads ---------------------------------------------------------------------------
@@ -952,6 +955,20 @@ class Leader:
                 logger.info("assigned count=%d queue=%s worker=%s jobs=%s", len(ids), queue,
                             worker_id, ",".join(ids))
             self.assignments_total += len(batch)
+
+    def _note_unserved(self) -> None:
+        """Warn once when jobs wait in a queue that no live worker serves, and say when
+        one does again. Without it they waited in silence: a worker started without
+        --queues serves QUEUES, or only "default" when QUEUES is [] (any name accepted).
+        A few queues times a few workers: cheap enough for every tick."""
+        unserved = {queue for queue, nodes in self.pending.items()
+                    if nodes and not any(w.serves(queue) for w in self.workers.values())}
+        for queue in sorted(unserved - self._unserved):
+            logger.warning("jobs wait in queue=%s and no live worker serves it; start one "
+                           "with: manage.py runworker --queues %s", queue, queue)
+        for queue in sorted(self._unserved - unserved):
+            logger.info("queue=%s is served again, or has no jobs waiting", queue)
+        self._unserved = unserved
 
     def _explain_refusal(self, batch, failed) -> None:
         """Learn from a refused batch so the next plan does not repeat it."""

@@ -234,6 +234,22 @@ def test_a_worker_that_may_not_lead_says_when_nobody_contends(backend, start_wor
                "the news that one does")
 
 
+def test_the_leader_warns_once_of_jobs_in_a_queue_no_worker_serves(
+        backend, start_worker, caplog):
+    """Jobs in a queue no worker serves used to wait without a word (a worker started
+    without --queues serves only "default" when QUEUES is [])."""
+    caplog.set_level(logging.INFO, logger="zktasks.leader")
+    start_worker(queues=["default"])
+    waiting = tasks.email.submit("ada@example.com")  # queue "emails"
+    wait_until(lambda: "no live worker serves it" in caplog.text, 15, "the warning")
+    assert "queue=emails" in caplog.text and "runworker --queues emails" in caplog.text
+    tasks.add.submit(1, 2).wait(timeout=30)  # the leader ticks on: no second warning
+    start_worker(name="mailer", queues=["emails"])
+    waiting.wait(timeout=30)
+    wait_until(lambda: "queue=emails is served again" in caplog.text, 15, "the all-clear")
+    assert caplog.text.count("no live worker serves it") == 1
+
+
 @pytest.mark.parametrize("pool", ["thread", "process"])
 def test_a_run_whose_worker_session_expired_is_asked_to_stop_and_its_job_runs_again(
         backend, start_worker, zk_hosts, tmp_path, pool):
