@@ -50,9 +50,17 @@ from .tree import (
     is_job_id,
     is_znode_name,
     job_node_name,
+    parse_job_node,
+    parse_shard,
 )
 
 logger = logging.getLogger(__name__)
+
+# cancel_pending() fails up to BULK_CANCEL jobs in one multi, and at most about
+# BULK_CANCEL_BYTES of status records: a request over ZooKeeper's jute.maxbuffer (1 MB by
+# default) is not refused but drops the connection, so it must never be sent.
+BULK_CANCEL = 50
+BULK_CANCEL_BYTES = 400_000
 
 
 class ZooKeeperBackend(BaseTaskBackend):
@@ -507,6 +515,96 @@ class ZooKeeperBackend(BaseTaskBackend):
         self._request_cancel(store, job_id, force)
         return False
 
+    def cancel_pending(self, queue: str, *, progress=None) -> int:
+        """Cancel every job waiting in `queue` (Celery's `purge`, RQ's `empty`): each is
+        recorded FAILED with JobCancelled, as by cancel(), and never runs. Returns how
+        many were cancelled; `progress(count)` is called after each shard.
+
+        Left alone: delayed jobs (a run_after or a retry's backoff not due yet), jobs a
+        worker holds already, and jobs submitted while it runs into shards it has passed.
+        One multiRead of the statuses per shard, then one multi per BULK_CANCEL jobs
+        doing what a single cancel does for each. A job the leader assigns meanwhile
+        makes its multi fail as a whole (its pending node is gone), and those jobs are
+        then cancelled one multi each: nothing is both assigned and cancelled.
+        """
+        if not is_znode_name(queue):
+            raise InvalidTask(f"{queue!r} is not a queue name.")
+        store = self.store
+        layout = store.layout
+        cancelled = 0
+
+        def cancel_all(names, place) -> None:
+            nonlocal cancelled
+            nodes = [(n, parse_job_node(n)) for n in names]
+            nodes = [(n, parsed[1]) for n, parsed in nodes if parsed]
+            status_of = store.read_statuses(job_id for _, job_id in nodes)
+            ready = []
+            for name, job_id in nodes:
+                try:
+                    found = status_of(job_id)
+                except CorruptRecord:
+                    continue  # the leader moves it aside to the dead letters
+                if found is None or found.record.state != records.READY:
+                    continue
+                ready.append((found, _cancelled(
+                    found.record, f"Job {job_id!r} was cancelled with the rest of queue "
+                                  f"{queue!r} before it ran."), place(name)))
+            for chunk in _bulk_chunks(ready):
+                if len(chunk) > 1 and self._fail_all_cancelled(store, chunk):
+                    cancelled += len(chunk)
+                    continue
+                # One of them was assigned (or changed) meanwhile: one multi each.
+                for found, final, where in chunk:
+                    if self._fail_cancelled(store, found, final, [(where, -1)]):
+                        cancelled += 1
+            if progress is not None:
+                progress(cancelled)
+
+        def run() -> int:
+            try:
+                names = store.children(layout.queue(queue))
+            except NoNodeError:
+                return 0
+            cancel_all(sorted(n for n in names if parse_job_node(n)),
+                       lambda n: layout.unsharded_job(queue, n))
+            for shard in sorted(n for n in names if parse_shard(n)):
+                try:
+                    jobs = store.children(layout.shard(queue, shard))
+                except NoNodeError:
+                    continue  # emptied and deleted meanwhile
+                cancel_all(jobs, lambda n, shard=shard: layout.shard_child(queue, shard, n))
+            return cancelled
+
+        return self._bounded(
+            store, run, f"Cancelling the jobs of queue {queue!r} stopped partway:",
+            "The jobs cancelled so far stay cancelled; run it again once the ensemble "
+            "answers to cancel the rest.")
+
+    @staticmethod
+    def _fail_all_cancelled(store: Store, chunk) -> bool:
+        """_fail_cancelled for many READY jobs, each (found, final, its pending node), in
+        one multi; False if it was refused (nothing applied)."""
+        writes = []
+        for found, final, where in chunk:
+            writes.append((where, store.layout.status(final.id), final.to_bytes(),
+                           found.version, store.index_path(final),
+                           store.cleanup_paths(final)))
+
+        def build(txn):
+            for where, status_path, data, version, index, cleanup in writes:
+                txn.delete(where)
+                txn.set_data(status_path, data, version=version)
+                txn.create(index, b"")
+                for path in cleanup:
+                    txn.delete(path)
+
+        first = writes[0]
+        failed = failures(store.commit(build, landed=lambda: store._written(first[1],
+                                                                             first[2])))
+        if failed:
+            store.forget_bucket_if_gone(first[4], failed)  # purged meanwhile: remade
+        return not failed
+
     @staticmethod
     def _fail_cancelled(store: Store, found, final: StatusRecord,
                         places: list[tuple[str, int]]) -> bool:
@@ -842,6 +940,21 @@ def _waiting_places(store: Store, record: StatusRecord) -> list[str]:
         name = delayed_node_name(due_ms, record.priority, record.id, record.queue)
         places += [store.layout.delayed_job(name), store.layout.unsharded_delayed_job(name)]
     return places
+
+
+def _bulk_chunks(ready):
+    """Split (found, final, where) triples into multis of at most BULK_CANCEL jobs and
+    about BULK_CANCEL_BYTES of records (a larger record goes alone)."""
+    chunk, size = [], 0
+    for item in ready:
+        length = len(item[1].to_bytes())
+        if chunk and (len(chunk) == BULK_CANCEL or size + length > BULK_CANCEL_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += length
+    if chunk:
+        yield chunk
 
 
 def _cancelled(record: StatusRecord, message: str) -> StatusRecord:

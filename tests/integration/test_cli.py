@@ -174,6 +174,56 @@ def test_purge_asks_first_then_deletes_what_was_asked(backend, start_worker):
     assert backend.store.read_status(bad.id) is not None
 
 
+def test_cancel_pending_empties_a_queue_and_leaves_delayed_jobs(backend, zk_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.pending import pending_nodes
+
+    waiting = tasks.add.submit_many([((i, i), {}) for i in range(30)])
+    later = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).submit(1, 1)
+    with pytest.raises(CommandError, match="cancels about 30 job.*--yes"):
+        zktasks("cancel-pending", "default")  # no terminal: it only counts
+    assert len(pending_nodes(zk_client, backend.store.layout)) == 30
+    out = json.loads(zktasks("cancel-pending", "default", "--yes", "--json"))
+    assert out == {"queue": "default", "cancelled": 30}
+    assert pending_nodes(zk_client, backend.store.layout) == []
+    for job in waiting:
+        job.refresh()
+        assert job.status == TaskResultStatus.FAILED and job.worker_ids == []
+        assert job.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
+    later.refresh()
+    assert later.status == TaskResultStatus.READY
+
+
+def test_cancel_pending_never_sends_a_multi_over_the_request_limit(backend):
+    """Four records of ~400 KB: one multi would be 1.6 MB, over jute.maxbuffer, which
+    ZooKeeper answers by dropping the connection (retried until CONNECT_TIMEOUT)."""
+    jobs = [tasks.add.submit(os.urandom(300_000), b"") for _ in range(4)]
+    assert backend.cancel_pending("default") == 4
+    for job in jobs:
+        job.refresh()
+        assert job.status == TaskResultStatus.FAILED
+
+
+def test_cancel_pending_beside_running_workers_cancels_or_runs_each_job_once(
+        backend, start_worker):
+    """The leader assigns while the queue is emptied: every job either ran (and was
+    never cancelled) or was cancelled (and never ran), never both, never neither."""
+    start_worker(concurrency=2)
+    jobs = tasks.short_sleep.submit_many([((0.005,), {}) for _ in range(400)])
+    cancelled = backend.cancel_pending("default")
+    for job in jobs:
+        job.wait(timeout=60)
+    ran = [j for j in jobs if j.status == TaskResultStatus.SUCCESSFUL]
+    stopped = [j for j in jobs if j.status == TaskResultStatus.FAILED]
+    assert len(ran) + len(stopped) == len(jobs)
+    assert len(stopped) == cancelled
+    assert all(j.worker_ids == [] and len(j.errors) == 1 for j in stopped)
+    assert all(j.errors == [] for j in ran)
+
+
 def test_purge_at_a_terminal_asks_and_takes_no_for_an_answer(backend, start_worker,
                                                              monkeypatch):
     start_worker()

@@ -105,6 +105,13 @@ class Command(BaseCommand):
         cancel.add_argument("job_id")
         cancel.add_argument("--force", action="store_true",
                             help="terminate a running job's task process (process pool)")
+        empty = action("cancel-pending", "Cancel every job waiting in a queue (Celery's "
+                                         "purge, RQ's empty): each is recorded as failed "
+                                         "with JobCancelled and never runs. Delayed jobs "
+                                         "and jobs a worker holds are left alone.")
+        empty.add_argument("queue", type=znode_name("queue name"))
+        empty.add_argument("--yes", "--no-input", action="store_true", dest="yes",
+                           help="do not ask for confirmation")
         purge = action("purge", "Delete finished results (their status records) now, "
                                 "instead of when RESULT_TTL expires them.")
         purge.add_argument("--state", choices=STATES, action="append", dest="states",
@@ -293,6 +300,27 @@ class Command(BaseCommand):
                   + (" and its task process will be terminated" if options["force"] else
                      "; the task sees zktasks.cancel_requested() turn True")
                   + f". Follow it with: manage.py zktasks show {job_id}")
+
+    def do_cancel_pending(self, backend, options) -> None:
+        queue = options["queue"]
+        if not options["yes"]:
+            total = self.reader(backend).pending(queue, limit=1).total or 0
+            prompt = (f"This cancels about {total:,} job(s) waiting in queue {queue!r}: "
+                      "they will never run.")
+            if not sys.stdin.isatty():
+                raise CommandError(f"{prompt} Add --yes to go ahead.")
+            self.stdout.write(prompt)
+            if input("Type 'yes' to go ahead: ").strip().lower() != "yes":
+                raise CommandError("Nothing cancelled.")
+        quiet = options["json"] or options["verbosity"] < 1
+
+        def progress(count):
+            if not quiet:
+                self.stderr.write(f"  {count:,} cancelled so far")
+
+        count = backend.cancel_pending(queue, progress=progress)
+        self.emit({"queue": queue, "cancelled": count},
+                  f"Cancelled {count:,} job(s) waiting in queue {queue!r}.")
 
     def do_purge(self, backend, options) -> None:
         states = tuple(dict.fromkeys(options["states"] or STATES))
