@@ -40,7 +40,9 @@ import logging
 import queue
 import selectors
 import socket
+import ssl
 import threading
+import time
 
 from kazoo.handlers import utils
 from kazoo.handlers.threading import AsyncResult, KazooTimeoutError, SequentialThreadingHandler
@@ -52,6 +54,32 @@ from .latch import Latch
 logger = logging.getLogger(__name__)
 
 _KEEP = 4  # selectors kept per thread: kazoo uses three sets per connection
+TLS_REPORT_EVERY = 60.0  # seconds between two ERROR lines for the same failing handshake
+_tls_reported: dict[tuple, float] = {}
+_tls_reported_lock = threading.Lock()
+
+
+def report_tls_failure(address, exc: ssl.SSLError) -> None:
+    """Say at ERROR why a TLS handshake failed, once a minute per host and reason.
+
+    kazoo only logs "Connection dropped: ..." at WARNING and tries the next host, so a
+    running worker whose reconnections all fail (a server certificate that expired or was
+    replaced by one from another CA, a client certificate the servers stopped accepting)
+    read like a flaky network until its session expired.
+    """
+    reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+    key = (tuple(address[:2]), reason)
+    now = time.monotonic()
+    with _tls_reported_lock:
+        if now - _tls_reported.get(key, -TLS_REPORT_EVERY) < TLS_REPORT_EVERY:
+            return
+        if len(_tls_reported) > 64:
+            _tls_reported.clear()
+        _tls_reported[key] = now
+    logger.error("TLS handshake with %s:%s failed: %s. This client keeps trying the hosts; "
+                 "check OPTIONS['TLS'] (CA, CERTFILE, KEYFILE) against the servers' "
+                 "certificates (manage.py zktasks status names the cause).",
+                 address[0], address[1], reason)
 _INLINE = "_zktasks_inline"
 
 
@@ -144,8 +172,10 @@ class SelectorCachingHandler(SequentialThreadingHandler):
             conn.settimeout(timeout)
             conn.connect(address)  # TCP, then the handshake, within `timeout`
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as kazoo does
-        except BaseException:
+        except BaseException as exc:
             conn.close()
+            if isinstance(exc, ssl.SSLError):
+                report_tls_failure(address, exc)
             raise
         return conn
 

@@ -66,6 +66,37 @@ def test_a_tls_session_outlives_a_server_restart(backend, start_worker, tls_serv
     assert backend.store.raw_client.client_id == session  # resumed, not a new session
 
 
+def test_a_running_client_says_why_its_tls_reconnections_fail(tls_server, tls_files,
+                                                              tmp_path, caplog, monkeypatch):
+    """Only kazoo's WARNING ("Connection dropped: ...") said it, several times a second,
+    until the session expired. Here the CA the client trusts is replaced on disk (each
+    connection reads the files again) and the server restarted."""
+    import shutil
+
+    from tests.waiting import wait_until
+
+    monkeypatch.setattr("zktasks.handler._tls_reported", {})  # once a minute per reason
+    ca = tmp_path / "ca.pem"
+    shutil.copy(tls_files.ca, ca)
+    opts = Options.from_params("tls", {"OPTIONS": {
+        "HOSTS": tls_server.secure_hosts, "SESSION_TIMEOUT": 10.0,
+        "TLS": {**mutual(tls_files), "CA": str(ca)}}})
+    client = start(new_client(opts), opts)
+    try:
+        shutil.copy(make_tls_files(tmp_path / "other").ca, ca)
+        with caplog.at_level("ERROR", logger="zktasks.handler"):
+            tls_server.restart()
+            wait_until(lambda: "TLS handshake with" in caplog.text, 20, "the named failure")
+        [line] = {r.getMessage() for r in caplog.records if r.name == "zktasks.handler"}
+        assert "unable to get local issuer certificate" in line
+        assert "OPTIONS['TLS']" in line
+        shutil.copy(tls_files.ca, ca)  # put right: the same session goes on
+        wait_until(lambda: client.connected, 20, "the client to reconnect")
+    finally:
+        client.stop()
+        client.close()
+
+
 def test_a_given_ca_is_the_only_one_trusted(tls_server, tls_files, tmp_path, monkeypatch):
     """kazoo trusts the system's CAs besides `ca`; with CA set, only its CAs vouch."""
     stranger = make_tls_files(tmp_path / "other")

@@ -161,7 +161,8 @@ class Command(BaseCommand):
             # From a shell the process ends here; in a long-lived process (call_command)
             # kazoo's level goes back to what it was.
             if quieted and not self._called_from_command_line:
-                logging.getLogger("kazoo").setLevel(logging.NOTSET)
+                for name in QUIETED:
+                    logging.getLogger(name).setLevel(logging.NOTSET)
 
     # -- output --------------------------------------------------------------------------
 
@@ -390,7 +391,8 @@ class Command(BaseCommand):
 
 
 def _quiet_kazoo(verbosity: int) -> bool:
-    """Keep kazoo's warnings off stderr below -v 2, unless the project set its level.
+    """Keep kazoo's warnings (and zktasks.handler's TLS reports) off stderr below -v 2,
+    unless the project set kazoo's level.
 
     Against a down ensemble kazoo warns several times a second while the command waits
     ("Connection dropped: ..."), bare through Python's last-resort handler; the command
@@ -400,7 +402,12 @@ def _quiet_kazoo(verbosity: int) -> bool:
     if verbosity >= 2 or kazoo.level != logging.NOTSET:
         return False
     kazoo.setLevel(logging.ERROR)
+    # A failing TLS handshake's ERROR line too: the command's own error names the cause.
+    logging.getLogger("zktasks.handler").setLevel(logging.CRITICAL)
     return True
+
+
+QUIETED = ("kazoo", "zktasks.handler")
 
 
 def _unreachable(backend, trouble: str = "") -> str:
