@@ -158,6 +158,9 @@ class Worker:
         self._cancels: frozenset[str] = frozenset()
         self._running: dict[str, str] = {}  # job_id -> worker_id it runs under
         self._idle_runners = 0              # runner threads waiting for a job
+        self._idle_lookahead = 0            # ... of them, lookahead runners
+        self._arrivals = 0                  # jobs queued here so far
+        self.missed_wakeups = 0             # jobs a runner found only at its 1 s poll
         self.batched_starts = 0             # jobs started in a runner's batch (MAX_STARTS)
         self._paused = False
         self._draining = False
@@ -662,7 +665,15 @@ class Worker:
                     for item in ready:
                         self._known.add(item.job_id)
                         heapq.heappush(self._ready, item)
-                    self._cond.notify(len(ready))
+                    self._arrivals += len(ready)
+                    wake = len(ready)
+                    if self._idle_lookahead and not (
+                            self._short_jobs() and self._short_task(self._ready[0])):
+                        # A lookahead runner woken for this job turns it down and waits
+                        # again, taking the wake-up with it: a regular runner then only
+                        # found the job at its next poll, up to a second later.
+                        wake += self._idle_lookahead
+                    self._cond.notify(wake)
         for item in doomed:
             self._cancel_queued(item)
 
@@ -798,10 +809,16 @@ class Worker:
                     if self._draining and not self._ready:
                         break
                     self._idle_runners += 1
+                    self._idle_lookahead += lookahead
+                    arrivals = self._arrivals
                     try:
-                        self._cond.wait(1.0)
+                        woken = self._cond.wait(1.0)
                     finally:
                         self._idle_runners -= 1
+                        self._idle_lookahead -= lookahead
+                    if not woken and not lookahead and self._arrivals != arrivals \
+                            and self._ready and not self._paused:
+                        self.missed_wakeups += 1  # a job came, and nobody woke us for it
                 if self._stopping.is_set() or self._draining:
                     return
                 items = [heapq.heappop(self._ready)]

@@ -232,3 +232,13 @@ def test_a_batch_of_short_jobs_goes_to_one_task_process_and_each_runs_once(
     assert len({pid for _, pid, _ in names}) == 1  # the one task process
     assert int(names[0][1]) != os.getpid()
     assert worker.batched_starts > 0
+
+
+def test_an_idle_worker_wakes_a_runner_for_a_job_that_is_not_short(backend, start_worker):
+    """A lookahead runner (it takes only jobs that ran short lately) woken for a longer
+    job turned it down and went back to waiting with the wake-up: the job then waited for
+    a regular runner's 1 s poll (starts of 0.6 s on an idle worker, in an audit)."""
+    worker = start_worker(concurrency=1)
+    for _ in range(6):
+        tasks.short_sleep.submit(0.08).wait(timeout=30)  # over LOOKAHEAD_MAX_S
+    assert worker.missed_wakeups == 0
