@@ -657,7 +657,17 @@ class ZooKeeperBackend(BaseTaskBackend):
             store.retry(store.client.create, path, data)
         except NodeExistsError:
             if force:
-                store.retry(store.client.set, path, data)
+                # Made again, not set: workers follow the cancel parent's children, not
+                # each request's data, so a set() escalating a polite request to force
+                # went unseen and the task ran on (cancel(), then cancel(force=True)).
+                def build(txn):
+                    txn.delete(path)
+                    txn.create(path, data)
+
+                if failures(store.commit(build, landed=lambda: store._written(path, data))):
+                    # Swept meanwhile (the job finished), or made again by another caller.
+                    with contextlib.suppress(NodeExistsError):
+                        store.retry(store.client.create, path, data)
 
     def retry(self, job_id: str) -> bool:
         """Send a FAILED job back to pending for one more attempt; False if not FAILED."""

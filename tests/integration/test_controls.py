@@ -376,3 +376,20 @@ def test_cancels_at_any_moment_leave_no_bookkeeping_behind(backend, start_worker
                "the worker to let go of every job")
     assert not set(ids) & context._cancelled_jobs
     assert not set(ids) & set(getattr(worker.runner, "_early_cancels", {}))
+
+
+def test_a_polite_cancel_can_be_escalated_to_force(backend, start_worker, tmp_path, caplog):
+    """cancel(), then cancel(force=True) on a task that ignores the first: the escalation
+    was set() on the request znode, whose data no worker watches, and the task ran on."""
+    caplog.set_level("WARNING", logger="zktasks.worker")
+    start_worker(pool="process", concurrency=1)
+    marker = tmp_path / "started"
+    job = tasks.ignores_cancel.submit(str(marker))
+    wait_until(marker.exists, 60, "the task to start")
+    assert job.cancel() is False
+    wait_until(lambda: f"cancel requested job={job.id} force=False" in caplog.text, 30,
+               "the worker to read the polite request")
+    assert job.cancel(force=True) is False
+    job.wait(timeout=30)
+    assert job.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
+    assert "terminated" in job.errors[-1].traceback
