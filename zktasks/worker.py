@@ -1101,9 +1101,10 @@ class Worker:
             logger.info("job succeeded job=%s task=%s worker=%s", job_id, final.task, worker_id)
         else:
             error = final.errors[-1] if final.errors else None
-            logger.error("job failed job=%s task=%s worker=%s error=%s: %s", job_id,
+            logger.error("job failed job=%s task=%s worker=%s error=%s: %s%s", job_id,
                          final.task, worker_id, error and error.exception_class_path,
-                         error and records.printable(error.message, one_line=True))
+                         error and records.printable(error.message, one_line=True),
+                         _traceback_block(error))
         self._send(task_finished, final, call)
 
     def _final_record(self, running: StatusRecord, outcome: Outcome, worker_id: str):
@@ -1219,6 +1220,20 @@ class Worker:
 
 
 _django_logger = logging.getLogger("django.tasks")
+TRACEBACK_LOG_MAX = 8000  # characters of a failure's traceback in its log record (the end)
+
+
+def _traceback_block(error) -> str:
+    """The recorded traceback, for the failure's log record: what Celery and RQ log, and
+    what a log aggregator (Sentry's logging integration) shows. Each line is indented
+    behind "| ", so a message that holds newlines cannot pass for log lines of its own."""
+    text = (error.traceback if error is not None else "") or ""
+    text = text.rstrip()
+    if not text:
+        return ""
+    if len(text) > TRACEBACK_LOG_MAX:
+        text = "…" + text[-TRACEBACK_LOG_MAX:]
+    return "".join(f"\n  | {records.printable(line)}" for line in text.splitlines())
 
 
 def _log_as_django(signal, record: StatusRecord) -> None:

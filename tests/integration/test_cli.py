@@ -294,8 +294,12 @@ def test_escape_sequences_in_a_tasks_error_do_not_reach_the_terminal(backend, st
                 if r.getMessage().startswith("job failed")]
     # The worker logs the failure once it is recorded: maybe just after wait() returned.
     wait_until(logged, 10, "the worker's log line")
-    assert "\x1b" not in logged()[0] and "\n" not in logged()[0]
-    assert "cleared\\nforged line" in logged()[0]
+    head, *block = logged()[0].split("\n")
+    assert "\x1b" not in logged()[0]
+    assert "cleared\\nforged line" in head
+    # The traceback follows, each line behind "  | ": no line can pass for a log line.
+    assert block and all(line.startswith("  | ") for line in block)
+    assert "  | forged line" in block and "  | Traceback (most recent call last):" in block
 
 
 def test_drain_asks_a_worker_to_leave(backend, start_worker):
