@@ -122,7 +122,40 @@ class ZooKeeperBackend(BaseTaskBackend):
                 f"{bad!r}.", id="zktasks.E002",
                 hint="Use letters, digits, '_', '-' and '.' (not first).",
             )]
-        return []
+        return self._schedule_errors()
+
+    def _schedule_errors(self) -> list:
+        """A schedule's task must import and take its args: otherwise the leader only
+        logs the failure once, at the first tick, and no job is ever submitted."""
+        from types import SimpleNamespace
+
+        from django.tasks import Task
+        from django.utils.module_loading import import_string
+
+        errors = []
+        for schedule in self.conf.schedules:
+            where = (f"TASKS[{self.alias!r}]['OPTIONS']['SCHEDULES'][{schedule.name!r}]"
+                     f"['task'] = {schedule.task!r}")
+            try:
+                target = import_string(schedule.task)
+            except ImportError as exc:
+                errors.append(checks.Error(
+                    f"{where} cannot be imported: {exc}.", id="zktasks.E003",
+                    hint="Give the dotted path of a task: 'myapp.tasks.cleanup'."))
+                continue
+            if not isinstance(target, Task):
+                if not callable(target):
+                    errors.append(checks.Error(f"{where} is not a task or a function.",
+                                               id="zktasks.E003"))
+                    continue
+                target = SimpleNamespace(func=target, module_path=schedule.task,
+                                         takes_context=False)
+            try:
+                _check_arguments(target, schedule.args, schedule.kwargs)
+            except TypeError as exc:
+                errors.append(checks.Error(
+                    f"{where}: its 'args' and 'kwargs' do not fit: {exc}", id="zktasks.E004"))
+        return errors
 
     # -- validation --------------------------------------------------------------------
 
@@ -239,6 +272,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             if isinstance(exc, InvalidTaskError):
                 raise
             raise InvalidTaskError(str(exc)) from exc
+        _check_arguments(task, args, kwargs)
         from .tree import new_job_id
 
         job_id = job_id or new_job_id()
@@ -950,6 +984,51 @@ def _waiting_places(store: Store, record: StatusRecord) -> list[str]:
         name = delayed_node_name(due_ms, record.priority, record.id, record.queue)
         places += [store.layout.delayed_job(name), store.layout.unsharded_delayed_job(name)]
     return places
+
+
+def _check_arguments(task, args, kwargs) -> None:
+    """Raise TypeError, as the call would on the worker, when the arguments do not fit
+    the function's signature (Celery checks at delay() too). Otherwise the job was
+    written, and failed remotely, after every attempt its max_attempts allowed."""
+    signature = _signature(task.func)
+    if signature is None:
+        return
+    try:
+        if getattr(task, "takes_context", False):
+            signature.bind(None, *args, **kwargs)
+        else:
+            signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{task.module_path}{signature}: {exc}. Nothing was written (the "
+                        "job would fail on the worker).") from None
+
+
+_signatures: dict = {}
+
+
+def _signature(func):
+    """inspect.signature(func), kept per function; None when it has none to tell (some
+    builtins) or the function cannot be a key."""
+    try:
+        return _signatures[func]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable: a callable object with __eq__ and no __hash__
+        return _read_signature(func)
+    signature = _read_signature(func)
+    if len(_signatures) > 1024:
+        _signatures.clear()
+    _signatures[func] = signature
+    return signature
+
+
+def _read_signature(func):
+    import inspect
+
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
 
 
 def _bulk_chunks(ready):

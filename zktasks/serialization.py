@@ -10,9 +10,11 @@ import dataclasses
 import datetime
 import decimal
 import importlib
+import io
 import pickle
 import random
 import sys
+import tempfile
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -254,6 +256,7 @@ def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = Non
     call = (spec, tuple(args), dict(kwargs), policy)
     if isinstance(spec, FunctionRef) and _plain_policy(policy) and _plain(call[1:3]):
         return _fast_dumps(call)
+    _refuse_open_files(task_path, args, kwargs)
     try:
         return dill.dumps(call, recurse=True)
     except Exception as exc:
@@ -299,6 +302,37 @@ def _plain_policy(policy: "RetryPolicy") -> bool:
 
 def _fast_dumps(value) -> bytes:
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _refuse_open_files(task_path: str, args, kwargs) -> None:
+    """An open file (an upload, a tempfile, open(path)), as an argument or directly in
+    one: dill pickles it as its path and position, for the worker to open again. That
+    file may not exist there (another machine), or be gone by then (Django deletes an
+    upload's temporary file at the end of its request): the job failed on the worker
+    with a KeyError from deep inside dill. Refused here, with what to do."""
+    places = [(f"positional argument {i}", v) for i, v in enumerate(args)]
+    places += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    for where, value in places:
+        inner = (list(value.values()) if isinstance(value, dict) else
+                 list(value) if isinstance(value, list | tuple | set | frozenset) else [])
+        for candidate in (value, *inner[:100]):
+            if _is_open_file(candidate):
+                raise SerializationError(
+                    f"Task {task_path!r} cannot be submitted: {where} "
+                    f"({type(candidate).__qualname__}) is an open file, which a worker would "
+                    "have to open again by its path. Save it to storage the workers share "
+                    "and pass the name, or pass its bytes.")
+
+
+def _is_open_file(value) -> bool:
+    if isinstance(value, io.IOBase):
+        return True
+    from django.core.files.base import File  # uploads (UploadedFile) and storage files
+
+    if isinstance(value, File):
+        return True
+    # What tempfile.NamedTemporaryFile returns: a wrapper, not an IOBase itself.
+    return isinstance(value, tempfile._TemporaryFileWrapper)
 
 
 def _find_culprit(spec, args, kwargs) -> str:

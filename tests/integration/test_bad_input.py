@@ -36,6 +36,29 @@ def test_unserializable_argument_is_named(backend, zk_client):
     assert tree_is_empty(backend, zk_client)
 
 
+@pytest.mark.parametrize("args, kwargs, says", [
+    ((1,), {}, "missing a required argument: 'b'"),
+    ((1, 2, 3), {}, "too many positional arguments"),
+    ((1, 2), {"c": 2}, "unexpected keyword argument 'c'"),
+])
+def test_arguments_that_do_not_fit_the_task_are_refused_at_submit(backend, zk_client, args,
+                                                                  kwargs, says):
+    """They were written, and failed on the worker (after every attempt it allowed)."""
+    with pytest.raises(TypeError, match=says) as caught:
+        tasks.add.submit(*args, **kwargs)
+    assert "tests.tasks.add(a, b)" in str(caught.value)
+    with pytest.raises(TypeError, match="item 1"):
+        tasks.add.submit_many([((1, 2), {}), (args, kwargs)])
+    assert tree_is_empty(backend, zk_client)
+
+
+def test_a_task_that_takes_its_context_is_checked_without_it(backend, zk_client):
+    with pytest.raises(TypeError, match="missing a required argument: 'x'"):
+        tasks.with_context.submit()
+    assert tree_is_empty(backend, zk_client)
+    assert tasks.with_context.submit(5).id  # context, then x
+
+
 def test_unserializable_positional_argument_is_named(backend, zk_client):
     import socket
 
@@ -206,3 +229,29 @@ def test_queues_given_as_a_string_is_a_clear_configuration_error(settings, zk_ho
     settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, queues="default")
     with pytest.raises(ConfigurationError, match="give a list of queue names"):
         task_backends["default"]  # noqa: B018 - building the backend is the check
+
+
+def test_open_files_are_refused_at_submit(backend, zk_client, tmp_path):
+    """dill sends an open file as its path for the worker to open again: an upload's
+    temporary file is deleted at the end of its request, and the job failed on the
+    worker with a KeyError from inside dill."""
+    import tempfile
+
+    from django.core.files.uploadedfile import SimpleUploadedFile, TemporaryUploadedFile
+
+    path = tmp_path / "report.csv"
+    path.write_text("a,b\n")
+    upload = TemporaryUploadedFile("report.csv", "text/csv", 4, "utf-8")
+    with open(path) as opened, tempfile.NamedTemporaryFile() as named:
+        for value, where in [(upload, "positional argument 0"),
+                             (SimpleUploadedFile("r.csv", b"a,b\n"), "positional argument 0"),
+                             (opened, "positional argument 0"),
+                             (named, "positional argument 0"),
+                             ([1, opened], "positional argument 0")]:
+            with pytest.raises(SerializationError, match=f"{where} .*open file"):
+                tasks.add.submit(value, 1)
+        with pytest.raises(SerializationError, match="keyword argument 'b' .*storage"):
+            tasks.add.submit(1, b=opened)
+    upload.close()
+    assert tree_is_empty(backend, zk_client)
+    assert tasks.add.submit(path.read_bytes(), str(path)).id  # bytes and a path travel

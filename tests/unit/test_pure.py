@@ -315,6 +315,28 @@ def test_system_check_reports_bad_options(settings):
     assert "ROOT" in errors[0].msg
 
 
+def test_system_check_imports_schedule_tasks_and_fits_their_arguments(settings):
+    """A typo in a schedule's task passed every check; the leader said it once, at the
+    first tick, and no job was ever submitted."""
+    from django.core import checks
+
+    settings.TASKS = {"default": {
+        "BACKEND": "zktasks.backend.ZooKeeperBackend",
+        "OPTIONS": {"SCHEDULES": {
+            "typo": {"task": "tests.tasks.ad", "every": 60},
+            "nomodule": {"task": "tests.nosuch.add", "every": 60},
+            "short": {"task": "tests.tasks.add", "every": 60, "args": [1]},
+            "plain": {"task": "tests.tasks.os", "every": 60},
+            "fine": {"task": "tests.tasks.add", "every": 60, "args": [1, 2]},
+        }}}}
+    errors = {e.msg: e.id for e in checks.run_checks() if e.id.startswith("zktasks")}
+    found = sorted((next(n for n in ("typo", "nomodule", "short", "plain", "fine")
+                         if f"[{n!r}]" in msg), code) for msg, code in errors.items())
+    assert found == [("nomodule", "zktasks.E003"), ("plain", "zktasks.E003"),
+                     ("short", "zktasks.E004"), ("typo", "zktasks.E003")]
+    assert any("missing a required argument: 'b'" in msg for msg in errors)
+
+
 def test_plain_calls_use_the_fast_pickler_and_others_dill():
     import json
     import pickle as std_pickle
