@@ -41,7 +41,7 @@ TASKS = {
             "HOSTS": os.environ.get("ZKTASKS_TEST_HOSTS", "127.0.0.1:2181"),
             "ROOT": os.environ.get("ZKTASKS_TEST_ROOT", "/zktasks-tests"),
             "SESSION_TIMEOUT": float(os.environ.get("ZKTASKS_TEST_SESSION_TIMEOUT", "4")),
-            "CONNECT_TIMEOUT": 10.0,
+            "CONNECT_TIMEOUT": float(os.environ.get("ZKTASKS_TEST_CONNECT_TIMEOUT", "10")),
         },
     },
 }

@@ -110,7 +110,8 @@ class Worker:
                  concurrency: int = 1, pool: str = "process", name: str | None = None,
                  lead: bool = True, prefetch: int | None = None,
                  drain_timeout: float = 30.0, max_tasks_per_child: int | None = None,
-                 max_memory_per_child: int | None = None):
+                 max_memory_per_child: int | None = None,
+                 startup_timeout: float | None = None):
         self.backend = task_backends[backend]
         from .backend import ZooKeeperBackend
 
@@ -132,6 +133,7 @@ class Worker:
         self.base_name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.lead = lead
         self.drain_timeout = drain_timeout
+        self.startup_timeout = startup_timeout  # None: wait for ZooKeeper at start
         # Jobs still running when a drain timed out: interrupted, handed back, run again.
         self.unfinished = 0
         self.committer: Committer | None = None
@@ -197,8 +199,7 @@ class Worker:
         began = time.monotonic()
         self.runner.start()
         try:
-            self.client = start(new_client(self.options), self.options,
-                                abort=self._stop_requested)
+            self.client = self._connect(began)
         except BaseException:
             self.runner.stop(force=True)
             raise
@@ -293,6 +294,27 @@ class Worker:
                 "jobs: %s. Give the whole tree the digest ACL once, in zkCli.sh (ZooKeeper "
                 "3.6+): addauth digest USER:PASSWORD, then setAcl -R %s auth::cdrwa",
                 len(open_paths), root, ", ".join(open_paths[:5]), root)
+
+    def _connect(self, began: float):
+        """A started client, or None if stop() came first. Until ZooKeeper answers, try
+        again each CONNECT_TIMEOUT, saying why, for startup_timeout seconds (None: for as
+        long as it takes): workers are often started with, or before, the ensemble (a
+        compose file, a host's boot), and one that exited at once needed a restart
+        policy to come back. Celery retries its broker at startup the same way."""
+        attempts = 0
+        while True:
+            try:
+                return start(new_client(self.options), self.options,
+                             abort=self._stop_requested)
+            except ZooKeeperUnavailableError as exc:
+                attempts += 1
+                waited = time.monotonic() - began
+                if self.startup_timeout is not None and waited >= self.startup_timeout:
+                    raise
+                logger.warning("%s Trying again (attempt %d, %.0f s so far%s).", exc,
+                               attempts + 1, waited,
+                               "" if self.startup_timeout is None else
+                               f" of --startup-timeout {self.startup_timeout:g}")
 
     # -- registration ------------------------------------------------------------------
 

@@ -153,6 +153,46 @@ def test_sigterm_while_connecting_stops_at_once(runworker, zk_settings):
     assert "Could not connect" not in log  # it did not wait for the timeout
 
 
+def test_a_worker_started_before_zookeeper_waits_for_it(runworker, settings, monkeypatch,
+                                                         zk_root):
+    """It exited after CONNECT_TIMEOUT, so a worker started with (or before) its
+    ensemble needed a restart policy to come back. It now says why and tries again."""
+    from tests.conftest import use_zookeeper
+    from tests.waiting import wait_until
+    from zktasks.testing import ZooKeeperServer, free_port
+
+    port = free_port()
+    use_zookeeper(settings, monkeypatch, f"127.0.0.1:{port}", zk_root, CONNECT_TIMEOUT=1.0)
+    proc = runworker("--pool", "thread", name="early",
+                     env={"PYTHONUNBUFFERED": "1", "ZKTASKS_TEST_CONNECT_TIMEOUT": "1"})
+    wait_until(lambda: "Trying again (attempt 3" in proc.log_path.read_text(), 60,
+               "the worker to say it keeps trying")
+    assert "Could not connect to ZooKeeper" in proc.log_path.read_text()
+    server = ZooKeeperServer(client_port=port).start()
+    try:
+        wait_until(lambda: "worker registered" in proc.log_path.read_text(), 60,
+                   "the worker to register once ZooKeeper is up")
+        assert tasks.add.submit(2, 3).wait(timeout=30).return_value == 5
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        server.close()
+
+
+def test_startup_timeout_gives_up(runworker, settings, monkeypatch, zk_root):
+    from tests.conftest import use_zookeeper
+    from zktasks.testing import free_port
+
+    use_zookeeper(settings, monkeypatch, f"127.0.0.1:{free_port()}", zk_root)
+    proc = runworker("--pool", "thread", "--startup-timeout", "2", name="late",
+                     env={"ZKTASKS_TEST_CONNECT_TIMEOUT": "1"})
+    assert proc.wait(60) == 1
+    log = proc.log_path.read_text()
+    assert "Trying again (attempt 2" in log and "of --startup-timeout 2" in log
+    assert "Could not connect to ZooKeeper" in log.strip().splitlines()[-1]  # its exit
+
+
 def test_process_pool_contains_crashes_and_timeouts(backend, runworker, zk_client):
     runworker("--concurrency", "1", "--pool", "process", name="pool")
     wait_registered(zk_client, backend, 1)

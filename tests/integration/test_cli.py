@@ -484,7 +484,8 @@ def test_runworker_without_logging_settings_formats_kazoo_lines(settings_module)
     name = settings_module(
         "LOGGING = {}\n"
         f"TASKS = {zk_tasks_setting(hosts, '/zktasks-nowhere', CONNECT_TIMEOUT=1.0)!r}\n")
-    done = django_admin("runworker", "--pool", "thread", settings=name)
+    done = django_admin("runworker", "--pool", "thread", "--startup-timeout", "1",
+                        settings=name)
     assert done.returncode == 1 and "Could not connect to ZooKeeper" in done.stderr
     kazoo = [line for line in done.stderr.splitlines() if "kazoo" in line
              or line.startswith("Connection dropped")]

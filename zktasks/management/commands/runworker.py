@@ -66,6 +66,11 @@ class Command(BaseCommand):
         parser.add_argument("--drain-timeout", type=seconds, default=30.0,
                             help="seconds to let running jobs finish on SIGTERM (default 30); "
                                  "past it they are handed back and runworker exits 1")
+        parser.add_argument("--startup-timeout", type=seconds, default=None,
+                            metavar="SECONDS",
+                            help="give up (exit 1) when ZooKeeper has not answered this long "
+                                 "after start (default: keep trying, saying why each "
+                                 "CONNECT_TIMEOUT)")
         parser.add_argument("--max-tasks-per-child", type=whole_number(1), default=None,
                             metavar="N",
                             help="replace a task process once it has run N jobs (default: "
@@ -106,6 +111,7 @@ class Command(BaseCommand):
                 prefetch=options["prefetch"], drain_timeout=options["drain_timeout"],
                 max_tasks_per_child=options["max_tasks_per_child"],
                 max_memory_per_child=options["max_memory_per_child"],
+                startup_timeout=options["startup_timeout"],
             )
         except ZkTasksError as exc:
             raise CommandError(str(exc)) from exc
