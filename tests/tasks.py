@@ -343,3 +343,26 @@ def rerun_sees_a_cancel_after_its_first_run_ends(context, limit):
             return "not asked"
         time.sleep(0.02)
     raise JobCancelled("asked while the first run's bookkeeping went away")
+
+
+def supplies_client(func):
+    """A decorator that passes the task its first argument itself (a client, a session)."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        return func("client", *args, **kwargs)
+    return wrapper
+
+
+@zk_task
+@supplies_client
+def fetch_with_client(client, url):
+    return [client, url]
+
+
+@zk_task
+def read_all(file):
+    """What a file-like argument holds, read on the worker."""
+    file.seek(0)
+    return file.read()

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import threading
 import time
+import weakref
 from datetime import datetime, timedelta
 
 from asgiref.sync import sync_to_async
@@ -138,9 +139,10 @@ class ZooKeeperBackend(BaseTaskBackend):
                      f"['task'] = {schedule.task!r}")
             try:
                 target = import_string(schedule.task)
-            except ImportError as exc:
+            except Exception as exc:  # its module may fail in any way: say so, not crash
                 errors.append(checks.Error(
-                    f"{where} cannot be imported: {exc}.", id="zktasks.E003",
+                    f"{where} cannot be imported: {type(exc).__name__}: {exc}.",
+                    id="zktasks.E003",
                     hint="Give the dotted path of a task: 'myapp.tasks.cleanup'."))
                 continue
             if not isinstance(target, Task):
@@ -1003,30 +1005,33 @@ def _check_arguments(task, args, kwargs) -> None:
                         "job would fail on the worker).") from None
 
 
-_signatures: dict = {}
+# Weak keys: a bound method, partial or callable object is wrapped afresh per submit, and
+# a strong key would keep the wrapper, its object and everything that holds alive.
+_signatures: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _signature(func):
     """inspect.signature(func), kept per function; None when it has none to tell (some
-    builtins) or the function cannot be a key."""
+    builtins)."""
     try:
         return _signatures[func]
     except KeyError:
         pass
-    except TypeError:  # unhashable: a callable object with __eq__ and no __hash__
+    except TypeError:  # not weakly referable, or unhashable
         return _read_signature(func)
     signature = _read_signature(func)
-    if len(_signatures) > 1024:
-        _signatures.clear()
-    _signatures[func] = signature
+    with contextlib.suppress(TypeError):
+        _signatures[func] = signature
     return signature
 
 
 def _read_signature(func):
+    """The signature of what a worker calls: a decorator's wrapper, not the function it
+    wraps (follow_wrapped=False), since a wrapper may supply arguments itself."""
     import inspect
 
     try:
-        return inspect.signature(func)
+        return inspect.signature(func, follow_wrapped=False)
     except (TypeError, ValueError):
         return None
 

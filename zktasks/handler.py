@@ -67,7 +67,12 @@ def report_tls_failure(address, exc: ssl.SSLError) -> None:
     replaced by one from another CA, a client certificate the servers stopped accepting)
     read like a flaky network until its session expired.
     """
-    reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+    if isinstance(exc, ssl.SSLEOFError):
+        # A server shutting down or over maxClientCnxns drops a handshake the same way
+        # as a plain port: a rolling restart would read as a TLS misconfiguration.
+        return
+    reason = (getattr(exc, "verify_message", None) or getattr(exc, "reason", None)
+              or exc.strerror or " ".join(map(str, exc.args)) or type(exc).__name__)
     key = (tuple(address[:2]), reason)
     now = time.monotonic()
     with _tls_reported_lock:

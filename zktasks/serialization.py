@@ -325,14 +325,26 @@ def _refuse_open_files(task_path: str, args, kwargs) -> None:
 
 
 def _is_open_file(value) -> bool:
-    if isinstance(value, io.IOBase):
-        return True
+    """An object backed by an OS file. Not in-memory ones (BytesIO, StringIO, a
+    ContentFile, a small upload), which dill pickles by value, nor a model's FieldFile,
+    which Django pickles by name."""
     from django.core.files.base import File  # uploads (UploadedFile) and storage files
+    from django.db.models.fields.files import FieldFile
 
+    if isinstance(value, FieldFile):
+        return False
     if isinstance(value, File):
-        return True
+        value = value.file
     # What tempfile.NamedTemporaryFile returns: a wrapper, not an IOBase itself.
-    return isinstance(value, tempfile._TemporaryFileWrapper)
+    if isinstance(value, tempfile._TemporaryFileWrapper):
+        return True
+    if not isinstance(value, io.IOBase):
+        return False
+    try:
+        value.fileno()
+    except (OSError, ValueError):  # in memory (io.UnsupportedOperation), or closed
+        return False
+    return True
 
 
 def _find_culprit(spec, args, kwargs) -> str:

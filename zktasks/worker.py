@@ -873,23 +873,23 @@ class Worker:
                             handed_over.add(item.job_id)
             finally:
                 with self._cond:
-                    rerun = set()  # run again here meanwhile, under our new identity
                     for item in items:
                         if self._running.get(item.job_id) == item.worker_id:
                             del self._running[item.job_id]
-                        elif item.job_id in self._running:
-                            rerun.add(item.job_id)
                         if item.job_id not in handed_over:
                             # Otherwise it stays known until its outcome is recorded (or
                             # refused): its assignment is still there until then.
                             self._forget(item)
+                        # A cancel read while it was in _running but not on the runner
+                        # (its run settling, a start refused) stayed there for good: one
+                        # entry per such job ever cancelled (a resource-growth audit). Not
+                        # while a rerun of it runs here (under our new identity): the
+                        # runner keeps cancels by job id, and that one is the rerun's.
+                        # Under _cond, as _read_cancels hands cancels on, so a rerun
+                        # cannot start and be cancelled between the check and this.
+                        if item.job_id not in self._running:
+                            self.runner.forget(item.job_id)
                 for item in items:
-                    # A cancel read while it was in _running but not on the runner (its
-                    # run settling, a start refused) stayed there for good: one entry per
-                    # such job ever cancelled (a resource-growth audit). Not a rerun's:
-                    # the runner keeps cancels by job id, and that one is the rerun's.
-                    if item.job_id not in rerun:
-                        self.runner.forget(item.job_id)
                     self._wake_if_draining(item.job_id)
 
     def _batch_size(self) -> int:

@@ -3,6 +3,7 @@ outcome (an exception that cannot print itself, a value that cannot be loaded) i
 recorded and readable."""
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.tasks import TaskResultStatus, task_backends
 
 from tests import tasks
@@ -50,6 +51,33 @@ def test_arguments_that_do_not_fit_the_task_are_refused_at_submit(backend, zk_cl
     with pytest.raises(TypeError, match="item 1"):
         tasks.add.submit_many([((1, 2), {}), (args, kwargs)])
     assert tree_is_empty(backend, zk_client)
+
+
+def test_a_decorated_task_is_checked_against_what_is_called(backend, start_worker):
+    """Its decorator's wrapper, not the function it wraps: the wrapper supplies an
+    argument (inspect.signature follows __wrapped__, and refused this submit)."""
+    start_worker()
+    job = tasks.fetch_with_client.submit("https://example.com")
+    assert job.wait(timeout=30).return_value == ["client", "https://example.com"]
+
+
+def test_the_signature_check_keeps_no_submitted_object_alive(backend):
+    """A bound method is wrapped afresh per submit: a strong cache kept its object."""
+    import gc
+    import weakref
+
+    from zktasks import submit
+
+    class Service:
+        def run(self, x):
+            return x
+
+    service = Service()
+    gone = weakref.ref(service)
+    submit(service.run, 1)
+    del service
+    gc.collect()
+    assert gone() is None
 
 
 def test_a_task_that_takes_its_context_is_checked_without_it(backend, zk_client):
@@ -237,14 +265,13 @@ def test_open_files_are_refused_at_submit(backend, zk_client, tmp_path):
     worker with a KeyError from inside dill."""
     import tempfile
 
-    from django.core.files.uploadedfile import SimpleUploadedFile, TemporaryUploadedFile
+    from django.core.files.uploadedfile import TemporaryUploadedFile
 
     path = tmp_path / "report.csv"
     path.write_text("a,b\n")
     upload = TemporaryUploadedFile("report.csv", "text/csv", 4, "utf-8")
     with open(path) as opened, tempfile.NamedTemporaryFile() as named:
         for value, where in [(upload, "positional argument 0"),
-                             (SimpleUploadedFile("r.csv", b"a,b\n"), "positional argument 0"),
                              (opened, "positional argument 0"),
                              (named, "positional argument 0"),
                              ([1, opened], "positional argument 0")]:
@@ -255,3 +282,16 @@ def test_open_files_are_refused_at_submit(backend, zk_client, tmp_path):
     upload.close()
     assert tree_is_empty(backend, zk_client)
     assert tasks.add.submit(path.read_bytes(), str(path)).id  # bytes and a path travel
+
+
+def test_in_memory_files_travel_by_value(backend, start_worker):
+    """Only objects backed by an OS file are refused: these pickle by value."""
+    import io
+
+    from django.core.files.base import ContentFile
+
+    start_worker()
+    for value in (io.BytesIO(b"abc"), io.StringIO("abc"), ContentFile(b"abc"),
+                  SimpleUploadedFile("r.csv", b"abc")):
+        job = tasks.read_all.submit(value)
+        assert job.wait(timeout=30).return_value in (b"abc", "abc"), type(value)

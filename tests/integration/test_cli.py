@@ -479,6 +479,19 @@ def test_kazoo_stays_quiet_in_the_shell_unless_asked(settings_module):
     assert loud.returncode == 1 and "Connection dropped" in loud.stderr
 
 
+def test_the_shell_puts_back_the_log_levels_it_quiets(backend):
+    import logging
+
+    handler = logging.getLogger("zktasks.handler")
+    handler.setLevel(logging.WARNING)  # the project's
+    try:
+        zktasks("status")
+        assert handler.level == logging.WARNING
+        assert logging.getLogger("kazoo").level == logging.NOTSET
+    finally:
+        handler.setLevel(logging.NOTSET)
+
+
 def test_runworker_without_logging_settings_formats_kazoo_lines(settings_module):
     hosts = f"127.0.0.1:{free_port()}"
     name = settings_module(

@@ -153,3 +153,23 @@ def test_async_result_behaves_as_kazoos():
     inline.rawlink(relink)
     inline.set(7)
     assert calls[0] == 7 and "again" in calls
+
+
+def test_a_failed_tls_handshake_is_reported_once_a_minute_but_not_a_dropped_one(
+        caplog, monkeypatch):
+    """A dropped handshake (SSLEOFError) is what a server shutting down does too: a
+    rolling restart must not read as a TLS misconfiguration. An SSLError built in Python
+    has no `reason`: the report must not raise in its place."""
+    import ssl
+
+    from zktasks import handler
+
+    monkeypatch.setattr(handler, "_tls_reported", {})
+    with caplog.at_level("ERROR", logger="zktasks.handler"):
+        handler.report_tls_failure(("127.0.0.1", 2281), ssl.SSLEOFError(8, "EOF"))
+        for _ in range(3):
+            handler.report_tls_failure(("127.0.0.1", 2281), ssl.SSLError("no reason here"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "TLS handshake with 127.0.0.1:2281 failed: no reason here. This client keeps "
+        "trying the hosts; check OPTIONS['TLS'] (CA, CERTFILE, KEYFILE) against the "
+        "servers' certificates (manage.py zktasks status names the cause)."]

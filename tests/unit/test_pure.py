@@ -327,13 +327,16 @@ def test_system_check_imports_schedule_tasks_and_fits_their_arguments(settings):
             "nomodule": {"task": "tests.nosuch.add", "every": 60},
             "short": {"task": "tests.tasks.add", "every": 60, "args": [1]},
             "plain": {"task": "tests.tasks.os", "every": 60},
+            "broken": {"task": "tests.schedule_target_broken.job", "every": 60},
             "fine": {"task": "tests.tasks.add", "every": 60, "args": [1, 2]},
         }}}}
     errors = {e.msg: e.id for e in checks.run_checks() if e.id.startswith("zktasks")}
-    found = sorted((next(n for n in ("typo", "nomodule", "short", "plain", "fine")
+    found = sorted((next(n for n in ("typo", "nomodule", "short", "plain", "broken", "fine")
                          if f"[{n!r}]" in msg), code) for msg, code in errors.items())
-    assert found == [("nomodule", "zktasks.E003"), ("plain", "zktasks.E003"),
-                     ("short", "zktasks.E004"), ("typo", "zktasks.E003")]
+    assert found == [("broken", "zktasks.E003"), ("nomodule", "zktasks.E003"),
+                     ("plain", "zktasks.E003"), ("short", "zktasks.E004"),
+                     ("typo", "zktasks.E003")]
+    assert any("KeyError: 'SETTING_THIS_ENVIRONMENT_LACKS'" in msg for msg in errors)
     assert any("missing a required argument: 'b'" in msg for msg in errors)
 
 

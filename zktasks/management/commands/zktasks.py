@@ -161,8 +161,8 @@ class Command(BaseCommand):
             # From a shell the process ends here; in a long-lived process (call_command)
             # kazoo's level goes back to what it was.
             if quieted and not self._called_from_command_line:
-                for name in QUIETED:
-                    logging.getLogger(name).setLevel(logging.NOTSET)
+                for name, level in quieted.items():
+                    logging.getLogger(name).setLevel(level)
 
     # -- output --------------------------------------------------------------------------
 
@@ -390,24 +390,25 @@ class Command(BaseCommand):
 # -- helpers --------------------------------------------------------------------------------
 
 
-def _quiet_kazoo(verbosity: int) -> bool:
+def _quiet_kazoo(verbosity: int) -> dict:
     """Keep kazoo's warnings (and zktasks.handler's TLS reports) off stderr below -v 2,
     unless the project set kazoo's level.
 
     Against a down ensemble kazoo warns several times a second while the command waits
     ("Connection dropped: ..."), bare through Python's last-resort handler; the command
-    then says in one line what is wrong.
+    then says in one line what is wrong. Returns the levels to put back (none when it
+    changed nothing).
     """
     kazoo = logging.getLogger("kazoo")
     if verbosity >= 2 or kazoo.level != logging.NOTSET:
-        return False
-    kazoo.setLevel(logging.ERROR)
+        return {}
     # A failing TLS handshake's ERROR line too: the command's own error names the cause.
-    logging.getLogger("zktasks.handler").setLevel(logging.CRITICAL)
-    return True
-
-
-QUIETED = ("kazoo", "zktasks.handler")
+    handler = logging.getLogger("zktasks.handler")
+    before = {"kazoo": kazoo.level, "zktasks.handler": handler.level}
+    kazoo.setLevel(logging.ERROR)
+    if handler.level == logging.NOTSET:
+        handler.setLevel(logging.CRITICAL)
+    return before
 
 
 def _unreachable(backend, trouble: str = "") -> str:
