@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import islice
 
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
@@ -40,6 +40,7 @@ from . import envelope, records
 from .client import get_client
 from .exceptions import CorruptRecord, PayloadVerificationError, ZooKeeperUnavailableError
 from .records import StatusRecord
+from .schedules import tick_job_id
 from .store import TRANSIENT, Store
 from .tree import (
     BUCKET_MS,
@@ -70,6 +71,7 @@ REPR_LIMIT = 2_000       # characters of a shown repr()
 PREVIEW_LIMIT = 64_000   # characters of a znode's data shown in the tree browser
 THROUGHPUT_MINUTES = 10
 RECENT_FAILURES = 10
+SCHEDULE_GRACE = timedelta(seconds=15)  # a next tick this far past is shown as overdue
 
 UNAVAILABLE = (ZooKeeperUnavailableError, KazooException, KazooTimeoutError, ConnectionError)
 
@@ -285,6 +287,24 @@ class JobDetail:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRow:
+    name: str
+    configured: bool         # in OPTIONS['SCHEDULES'] (else: state left in the tree)
+    task: str = ""
+    when: str = ""           # "every 60 s", "cron 0 3 * * * (UTC)"
+    call: str = ""           # its arguments
+    last_tick: datetime | None = None   # the last tick recorded (that got its job)
+    last_job: str = ""       # that tick's job id
+    last_state: str = ""     # its state; "" when its record is gone (expired, or the
+    #                          first tick, which only starts the schedule)
+    next_tick: datetime | None = None
+    overdue: bool = False    # the next tick is well past: no leader, or its ticks fail
+    error: str = ""          # why its last attempted tick failed (the leader notes it)
+    error_at: datetime | None = None
+    note: str = ""           # what is wrong with the recorded state itself
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeView:
     path: str
     relative: str
@@ -340,6 +360,58 @@ class Reader:
             except CorruptRecord as exc:
                 out[paths[path]] = exc
         return out
+
+    # -- schedules -----------------------------------------------------------------------
+
+    def schedules(self, now: datetime | None = None) -> list[ScheduleRow]:
+        """Each schedule of OPTIONS['SCHEDULES'], and each one the tree still holds state
+        for, with its last tick and that tick's job, its next tick, and the error its
+        last attempted tick failed with (the leader keeps it in the schedule's znode)."""
+        now = now or records.now()
+        configured = {s.name: s for s in self.conf.schedules}
+        names = sorted(set(configured) | set(self.children(self.layout.schedules)))
+        found = self.get_many(self.layout.schedule(n) for n in names)
+        states, lasts, notes = {}, {}, {}
+        for name in names:
+            path = self.layout.schedule(name)
+            item = found.get(path)
+            if item is None:
+                continue
+            try:
+                states[name] = state = records.loads(item[0], path=path)
+                if state.get("last_tick"):
+                    lasts[name] = datetime.fromisoformat(state["last_tick"])
+            except (CorruptRecord, TypeError, ValueError) as exc:
+                notes[name] = f"its state cannot be read: {exc}"
+        jobs = {name: tick_job_id(name, tick) for name, tick in lasts.items()}
+        found_jobs = self.statuses(jobs.values())
+        rows = []
+        for name in names:
+            schedule, state, last = configured.get(name), states.get(name, {}), lasts.get(name)
+            record = found_jobs.get(jobs.get(name, ""))
+            next_tick, overdue = None, False
+            if schedule is not None:
+                next_tick = schedule.next_tick(last if last is not None else now)
+                overdue = next_tick < now - SCHEDULE_GRACE
+            try:
+                error_at = datetime.fromisoformat(state["error_at"]) \
+                    if state.get("error") and state.get("error_at") else None
+            except (TypeError, ValueError):
+                error_at = None
+            rows.append(ScheduleRow(
+                name=name, configured=schedule is not None,
+                task=schedule.task if schedule else "",
+                when=schedule.when if schedule else "",
+                call=call_repr(schedule.args, schedule.kwargs) if schedule else "",
+                last_tick=last, last_job=jobs.get(name, ""),
+                last_state=record.state if isinstance(record, StatusRecord) else "",
+                next_tick=next_tick, overdue=overdue,
+                error=str(state.get("error") or ""), error_at=error_at,
+                note=notes.get(name, "") or ("" if schedule else
+                                             "not in SCHEDULES: state left from an earlier "
+                                             "configuration"),
+            ))
+        return rows
 
     # -- pending and delayed -----------------------------------------------------------
 
@@ -836,7 +908,7 @@ class LiveState:
     Watch callbacks run on kazoo's event thread: they only add a key to `_dirty` under
     a lock and wake this object's thread, which does every read (rule 5). Keys:
     "*" (everything), "workers", "w:{id}", "a:{id}", "queues", "q:{queue}", "delayed",
-    "leader", "finished", "b:{bucket}", "j:{job_id}", "deadletter".
+    "leader", "finished", "b:{bucket}", "j:{job_id}", "deadletter", "schedules".
     """
 
     MIN_INTERVAL = 1.0      # seconds between two reads of one path; also how often the
@@ -878,6 +950,7 @@ class LiveState:
         self.topics: dict[str, int] = {}
         self._topic_serial = 0
         self.dead_letters: tuple[int, str] = (0, "")  # count, newest name
+        self.schedules: dict[str, int] = {}  # name -> its znode's version (ticks move it)
         self._thread = threading.Thread(target=self._run, name="zktasks-dashboard-live",
                                         daemon=True)
         client.add_listener(self._on_state)
@@ -1227,6 +1300,16 @@ class LiveState:
             names = self._children([(layout.deadletter, "deadletter")])[layout.deadletter]
             dead = (len(names or ()), max(names or [""]))
 
+        schedules = None
+        if full or "schedules" in dirty:
+            # Own names: `found` and `listed` above are read again below.
+            schedule_names = self._children(
+                [(layout.schedules, "schedules")])[layout.schedules] or []
+            schedule_states = self._gets([(layout.schedule(n), "schedules")
+                                          for n in schedule_names])
+            schedules = {n: state[1].version for n in schedule_names
+                         if (state := schedule_states.get(layout.schedule(n))) is not None}
+
         # The finished index.
         bucket_names = set(self.buckets)
         if full or "finished" in dirty:
@@ -1326,6 +1409,9 @@ class LiveState:
             if dead is not None:
                 self._bump("deadletter", dead != self.dead_letters)
                 self.dead_letters = dead
+            if schedules is not None:
+                self._bump("schedules", schedules != self.schedules)
+                self.schedules = schedules
 
             old_totals = _totals(self.buckets)
             for b in set(self.buckets) - bucket_names:

@@ -53,6 +53,7 @@ RELIST_EVERY = 0.1       # seconds: the most often a queue with local work is re
 EXPIRE_EVERY = 10.0      # seconds: the longest between sweeps of expired results
 SCHEDULE_RETRY = 5.0     # seconds before a schedule tick that failed is tried again
 SCHEDULE_SKEW = 60.0     # seconds a schedule's last tick may lie ahead of this clock
+SCHEDULE_ERROR_CHARS = 500  # of a failing schedule's error, kept in its znode
 # One expiry sweep handles at most this many finished buckets and entries (a few tenths
 # of a second): it runs on the leader's only thread; the rest waits for the next tick.
 EXPIRE_BUCKETS = 50
@@ -144,7 +145,7 @@ class Leader:
         self._next_ticks: dict[str, float] = {}
         self._listed_at: dict[str, float] = {}
         self._deferred: set[str] = set()
-        self._broken_schedules: set[str] = set()
+        self._broken_schedules: dict[str, str] = {}  # name -> the error it failed with
         self._stuck_garbage: set[str] = set()  # paths that could not be moved aside
 
     # -- election ----------------------------------------------------------------------
@@ -624,12 +625,14 @@ class Leader:
             except LeadershipLost:
                 raise
             except Exception as exc:  # a broken schedule must not stop the leader
-                if schedule.name not in self._broken_schedules:
+                error = f"{type(exc).__name__}: {exc}"
+                if self._broken_schedules.get(schedule.name) != error:
                     logger.error("schedule failed name=%s error=%r", schedule.name, exc)
-                self._broken_schedules.add(schedule.name)
+                    self._note_schedule_error(schedule, error)
+                self._broken_schedules[schedule.name] = error
                 done = False
             if done:
-                self._broken_schedules.discard(schedule.name)
+                self._broken_schedules.pop(schedule.name, None)
                 self._next_ticks[schedule.name] = schedule.next_tick(now).timestamp()
             else:
                 # Not recorded: again soon. Waiting for the next tick would fold this
@@ -682,7 +685,28 @@ class Leader:
             self.client.set(path, state, version=version if version is not None else -1)
             return True
         logger.warning("schedule tick refused name=%s error=%r", schedule.name, error)
+        self._note_schedule_error(schedule, f"ZooKeeper refused the tick's job: {error!r}")
         return False
+
+    def _note_schedule_error(self, schedule, error: str) -> None:
+        """Keep why a schedule's tick failed in its znode, next to its last tick, for
+        `manage.py zktasks schedules` and the dashboard (the log says it once).
+
+        Best effort: a versioned set that gives up on any conflict or trouble (the next
+        failure notes it again); the next recorded tick writes the state without it.
+        The znode is not created here: the leader makes it on first seeing the schedule,
+        and a state without last_tick would read as a new schedule.
+        """
+        path = self.layout.schedule(schedule.name)
+        try:
+            raw, stat = self.client.get(path)
+            state = records.loads(raw, path=path)
+            if state.get("error") == error[:SCHEDULE_ERROR_CHARS]:
+                return
+            state.update(error=error[:SCHEDULE_ERROR_CHARS], error_at=records.now().isoformat())
+            self.client.set(path, records.dumps(state), version=stat.version)
+        except (KazooException, CorruptRecord) as exc:
+            logger.debug("schedule error not noted name=%s: %r", schedule.name, exc)
 
     def _tick_record(self, schedule, tick):
         from django.tasks import Task, task_backends

@@ -94,6 +94,13 @@ class Schedule:
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
 
+    @property
+    def when(self) -> str:
+        """How often, for people: "every 60 s" or "cron 0 3 * * * (UTC)"."""
+        if self.cron is not None:
+            return f"cron {self.cron.expression} (UTC)"
+        return f"every {self.every:g} s"
+
     def next_tick(self, after: datetime) -> datetime:
         """The first tick strictly after `after`."""
         if self.cron is not None:
@@ -115,9 +122,15 @@ class Schedule:
 
     def job_id(self, tick: datetime) -> str:
         """The id of this tick's job: the same in every process, for every leader."""
-        tick_ms = int(tick.timestamp() * 1000)
-        digest = hashlib.sha256(self.name.encode()).hexdigest()[:16]
-        return f"{tick_ms:012x}ffff{digest}"
+        return tick_job_id(self.name, tick)
+
+
+def tick_job_id(name: str, tick: datetime) -> str:
+    """The id of schedule `name`'s job for `tick` (also for a schedule no longer in the
+    settings, whose state the tree still holds)."""
+    tick_ms = int(tick.timestamp() * 1000)
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return f"{tick_ms:012x}ffff{digest}"
 
 
 def parse_schedules(alias: str, raw) -> tuple[Schedule, ...]:

@@ -74,7 +74,8 @@ LAYOUT = (
      "JSON: force, requested_at. The holding worker stops the job; removed when it ends"),
     ("{root}/schedules/{name}", "PERSISTENT", "the leader",
      "JSON: last_tick (ISO time of the last tick that got its job); advanced in the same "
-     "multi that creates the tick's job"),
+     "multi that creates the tick's job. error, error_at: why the last attempted tick "
+     "failed, noted by the leader and dropped when the next tick is recorded"),
     ("{root}/status/{job_id}", "PERSISTENT", "submitters, workers, the leader",
      "the job's state record: JSON (payload and result inside are HMAC-signed dill)"),
     ("{root}/deadletter/{at_ms:013d}-{16 random hex}", "PERSISTENT",

@@ -38,6 +38,7 @@ TABS = (
     ("pending", "Pending", "zktasks_pending"),
     ("assignments", "Assignments", "zktasks_assignments"),
     ("results", "Results", "zktasks_job_changelist"),
+    ("schedules", "Schedules", "zktasks_schedules"),
     ("deadletters", "Dead letters", "zktasks_deadletters"),
     ("tree", "Tree", "zktasks_tree"),
 )
@@ -112,6 +113,7 @@ class DashboardViews:
             path(f"{label}/assignments/", wrap(self.assignments),
                  name="zktasks_assignments"),
             path(f"{label}/tree/", wrap(self.tree), name="zktasks_tree"),
+            path(f"{label}/schedules/", wrap(self.schedules), name="zktasks_schedules"),
             path(f"{label}/deadletters/", wrap(self.dead_letters), name="zktasks_deadletters"),
             path(f"{label}/deadletters/<str:name>/requeue/", wrap(self.dead_letter_requeue),
                  name="zktasks_deadletter_requeue"),
@@ -480,6 +482,19 @@ class DashboardViews:
         return self.render(request, "confirm_drain.html", context)
 
     # -- dead letters --------------------------------------------------------------------
+
+    def schedules(self, request):
+        title = "Schedules"
+        try:
+            backend = zk_backend()
+            # "finished": a tick's job ending changes its row, not the schedule's znode.
+            live, live_context = self.live(backend, "schedules finished leader")
+            rows = dashboard.Reader(backend).schedules()
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "schedules")
+        context = self.context(request, title, "schedules", rows=rows,
+                               leader=live["leader"], **live_context)
+        return self.render(request, "schedules.html", context)
 
     def dead_letters(self, request):
         title = "Dead letters"

@@ -129,3 +129,87 @@ def test_a_last_tick_recorded_in_the_future_does_not_stop_the_schedule(
     wait_until(lambda: any(r.is_finished for r in _ticks(zk_client, backend, "skewed")), 30,
                "a tick despite the skewed state")
     assert any("schedule state is in the future" in r.getMessage() for r in caplog.records)
+
+
+def _rows(backend=None, **kwargs):
+    from django.tasks import task_backends
+
+    from zktasks import dashboard
+
+    reader = dashboard.Reader(backend or task_backends["default"])
+    return {r.name: r for r in reader.schedules(**kwargs)}
+
+
+def _command(*args) -> str:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("zktasks", "schedules", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_the_schedules_listing_shows_the_last_tick_its_job_and_the_next(
+        backend, start_worker, zk_client):
+    """`zktasks schedules` (and the dashboard, from the same reader): before, nothing
+    showed a schedule's state; a schedule that stopped ticking went unseen."""
+    import json
+    from datetime import datetime, timedelta
+
+    worker = start_worker()
+    wait_until(lambda: len(finished_ticks(zk_client, backend)) >= 2, 30, "two ticks")
+    worker.stop()  # no more ticks: what the listing says can be compared with the tree
+    assert worker.wait_stopped(15)
+    (row,) = json.loads(_command("--json"))["schedules"]
+    assert (row["name"], row["configured"], row["task"], row["when"], row["call"]) == (
+        "beat", True, "tests.tasks.add", "every 1 s", "2, 3")
+    records_by_id = {r.id: r for r in tick_jobs(zk_client, backend)}
+    job = records_by_id[row["last_job"]]  # the last tick's job is one the leader submitted
+    assert job.extra["tick"] == row["last_tick"] and row["last_state"] == job.state
+    last = datetime.fromisoformat(row["last_tick"])
+    assert datetime.fromisoformat(row["next_tick"]) == last + timedelta(seconds=1)
+    assert row["error"] == "" and row["overdue"] is False
+    assert _rows(now=last + timedelta(hours=1))["beat"].overdue  # no leader ticked since
+    text = _command()
+    assert "1 schedule(s)" in text and row["last_job"] in text and "every 1 s" in text
+
+
+def test_a_failing_schedule_shows_its_error_until_a_tick_is_recorded(
+        settings, zk_hosts, zk_root, zk_client, start_worker):
+    """The leader logged a failing schedule once, and nothing else said so; now the
+    error is kept in the schedule's znode, shown, and gone with the next recorded tick."""
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "nightly": {"task": "tests.tasks.no_such_task", "every": 1}})
+    worker = start_worker()
+    wait_until(lambda: _rows()["nightly"].error, 30, "the failed tick's error, noted")
+    row = _rows()["nightly"]
+    assert "no_such_task" in row.error and row.error.startswith("ImportError")
+    # Its last tick is the one the leader started it from, which has no job.
+    assert row.error_at is not None and row.last_tick is not None and row.last_state == ""
+    text = _command()
+    assert "nightly: the tick attempted at" in text and "no_such_task" in text
+    worker.stop()
+    assert worker.wait_stopped(15)
+
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "nightly": {"task": "tests.tasks.add", "every": 1, "args": [1, 2]}})  # fixed
+    start_worker()
+    wait_until(lambda: not _rows()["nightly"].error, 30, "the error gone with a tick")
+    row = _rows()["nightly"]
+    assert row.last_job and row.last_state  # the tick that cleared it has its job
+
+
+def test_state_left_by_a_schedule_no_longer_configured_is_listed_as_such(backend, zk_client):
+    import json
+
+    from django.utils import timezone
+
+    zk_client.create(backend.store.layout.schedule("retired"),
+                     json.dumps({"last_tick": timezone.now().isoformat()}).encode(),
+                     makepath=True)
+    rows = _rows()
+    assert set(rows) == {"beat", "retired"}
+    assert not rows["retired"].configured and "not in SCHEDULES" in rows["retired"].note
+    assert rows["retired"].next_tick is None
+    assert "retired: not in SCHEDULES" in _command()

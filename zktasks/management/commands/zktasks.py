@@ -8,6 +8,7 @@ refused action or an unreachable ensemble exits with status 1 and says why.
 """
 
 import argparse
+import dataclasses
 import json
 import logging
 import re
@@ -38,8 +39,8 @@ STATES = (records.SUCCESSFUL, records.FAILED)
 class Command(BaseCommand):
     help = (
         "Look at and act on a zktasks cluster: the overview (status), jobs finished or "
-        "pending, one job (show), retry, cancel, purge finished results, drain a worker, "
-        "and the dead letters. "
+        "pending, one job (show), the periodic schedules, retry, cancel, purge finished "
+        "results, drain a worker, and the dead letters. "
         "Run `manage.py zktasks ACTION --help` for each action."
     )
 
@@ -97,6 +98,9 @@ class Command(BaseCommand):
             listing.add_argument("--after", type=cursor, default=None, metavar="CURSOR",
                                  help="continue a listing where the previous one stopped "
                                       "(the CURSOR it printed)")
+        action("schedules", "The periodic schedules (OPTIONS['SCHEDULES']): the last tick "
+                            "and its job, the next tick, and why the last attempted tick "
+                            "failed, if it did.")
         retry = action("retry", "Send a FAILED job back to its queue for one more attempt.")
         retry.add_argument("job_id")
         cancel = action("cancel", "Cancel a job. A pending one never runs; one a worker "
@@ -254,6 +258,26 @@ class Command(BaseCommand):
                 f"({sorted(backend.queues)!r}) and holds no jobs; give one of those.")
         page = reader.pending(queue, after=options["after"], limit=options["limit"])
         self.emit_page(page, f"pending in {queue!r}", when="enqueued_at", filtered=False)
+
+    def do_schedules(self, backend, options) -> None:
+        reader = self.reader(backend)
+        self.root_exists(reader.client, backend)
+        rows = reader.schedules()
+        lines = [f"{len(rows)} schedule(s)" + ("" if rows else
+                                               f": add them to TASKS[{backend.alias!r}]"
+                                               "['OPTIONS']['SCHEDULES']")]
+        lines += _table(["NAME", "WHEN", "TASK", "LAST TICK", "ITS JOB", "STATE", "NEXT TICK"], [
+            [r.name, r.when or "-", r.task or "-", _when(r.last_tick),
+             r.last_job or "-", r.last_state or ("no record" if r.last_job else "-"),
+             _when(r.next_tick) + (" (overdue)" if r.overdue else "")] for r in rows]) \
+            if rows else []
+        for r in rows:
+            if r.note:
+                lines.append(f"{r.name}: {r.note}")
+            if r.error:
+                lines.append(f"{r.name}: the tick attempted at {_when(r.error_at)} failed: "
+                             f"{r.error}")
+        self.emit({"schedules": [dataclasses.asdict(r) for r in rows]}, "\n".join(lines))
 
     def emit_page(self, page, what: str, *, when: str, filtered: bool) -> None:
         rows = [{"id": r.id, "state": r.state, "task": r.task, "queue": r.queue,

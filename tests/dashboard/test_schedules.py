@@ -1,0 +1,63 @@
+"""The Schedules page: each schedule's last tick and its job, the next tick, the error of
+a failing one, escaped; kept current by the live cache's "schedules" topic."""
+
+import json
+
+from django.tasks import task_backends
+
+from tests.conftest import zk_tasks_setting
+from tests.dashboard.conftest import url
+from tests.dashboard.test_pages import live, text, wait_live
+from tests.waiting import wait_until
+from zktasks import dashboard
+
+HOSTILE = "<script>alert('tick')</script>"
+
+
+def test_the_page_shows_a_ticking_schedule_and_links_its_last_job(
+        admin_client, settings, zk_hosts, zk_root, start_worker):
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "beat": {"task": "tests.tasks.add", "every": 1, "args": [2, 3]}})
+    start_worker()
+    reader = dashboard.Reader(task_backends["default"])
+    wait_until(lambda: reader.schedules()[0].last_state, 30, "a tick with its job")
+    html = text(admin_client.get(url("zktasks_schedules")))
+    assert 'id="zk-schedule-beat"' in html and "every 1 s" in html
+    assert "tests.tasks.add" in html and "(2, 3)" in html
+    assert 'href="/admin/zktasks/job/' in html  # the last tick's job, linked
+    assert 'data-zk-topics="schedules finished leader"' in html  # live.js reloads on these
+
+
+def test_a_noted_error_and_state_left_behind_are_shown_escaped(
+        admin_client, settings, zk_hosts, zk_root, zk_client):
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "nightly": {"task": "tests.tasks.add", "cron": "0 3 * * *"}})
+    layout = task_backends["default"].store.layout
+    state = {"last_tick": "2026-01-01T03:00:00+00:00", "error": HOSTILE,
+             "error_at": "2026-01-02T03:00:05+00:00"}
+    zk_client.create(layout.schedule("nightly"), json.dumps(state).encode(), makepath=True)
+    zk_client.create(layout.schedule("retired"), b"not json")
+    html = text(admin_client.get(url("zktasks_schedules")))
+    assert HOSTILE not in html and "&lt;script&gt;alert(&#x27;tick&#x27;)&lt;/script&gt;" in html
+    assert "cron 0 3 * * * (UTC)" in html and "overdue" in html  # months without a tick
+    assert 'id="zk-schedule-retired"' in html and "its state cannot be read" in html
+
+
+def test_the_live_topic_moves_when_a_schedule_ticks(admin_client, settings, zk_hosts,
+                                                    zk_root, zk_client):
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "beat": {"task": "tests.tasks.add", "every": 1}})
+    layout = task_backends["default"].store.layout
+    path = layout.schedule("beat")
+    zk_client.create(path, json.dumps({"last_tick": "2026-01-01T00:00:00+00:00"}).encode(),
+                     makepath=True)
+    before = wait_live(admin_client, lambda d: "schedules" in d["topics"], "the topic")
+    zk_client.set(path, json.dumps({"last_tick": "2026-01-01T00:00:01+00:00"}).encode())
+    wait_live(admin_client, lambda d: d["topics"].get("schedules")
+              != before["topics"]["schedules"], "the topic moved by the tick")
+
+
+def test_no_schedules_says_where_to_add_them(admin_client, backend):
+    html = text(admin_client.get(url("zktasks_schedules")))
+    assert "No schedules" in html and "SCHEDULES" in html
+    assert live(admin_client)["ok"]
