@@ -17,6 +17,7 @@ from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
+    Task,
     TaskError,
     TaskResultStatus,
 )
@@ -26,7 +27,7 @@ from django.utils import timezone
 from django.utils.inspect import get_func_args
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from . import envelope, records, serialization, statuswatch
+from . import envelope, records, schedule_state, serialization, statuswatch
 from .client import get_client
 from .conf import Options
 from .exceptions import (
@@ -38,6 +39,7 @@ from .exceptions import (
     JobNotFound,
     PayloadVerificationError,
     RetryRefused,
+    ScheduleNotFound,
     ZooKeeperUnavailableError,
 )
 from .pipeline import current as pipeline_of
@@ -130,7 +132,6 @@ class ZooKeeperBackend(BaseTaskBackend):
         logs the failure once, at the first tick, and no job is ever submitted."""
         from types import SimpleNamespace
 
-        from django.tasks import Task
         from django.utils.module_loading import import_string
 
         errors = []
@@ -928,6 +929,51 @@ class ZooKeeperBackend(BaseTaskBackend):
         codes = tuple({"SUCCESSFUL": "S", "FAILED": "F"}[s] for s in states)
         return self.store.delete_finished(before_ms=purge_before_ms(older_than),
                                           states=codes)
+
+    # -- schedules -----------------------------------------------------------------------
+
+    def schedule(self, name: str):
+        """The schedule `name` of OPTIONS['SCHEDULES'], or ScheduleNotFound."""
+        for schedule in self.conf.schedules:
+            if schedule.name == name:
+                return schedule
+        names = ", ".join(repr(s.name) for s in self.conf.schedules) or "none"
+        raise ScheduleNotFound(f"No schedule is named {name!r} in TASKS[{self.alias!r}]"
+                               f"['OPTIONS']['SCHEDULES'] (its schedules: {names}).")
+
+    def schedule_job(self, schedule, *, job_id: str | None = None, **extra):
+        """Prepare (write nothing) a job of the schedule's task with its arguments;
+        `extra` goes into the record (the leader puts the tick there)."""
+        from django.utils.module_loading import import_string
+
+        target = import_string(schedule.task)
+        if not isinstance(target, Task):
+            target = self.task_class(func=target, backend=self.alias)
+        record, result = self.prepare(target, schedule.args, schedule.kwargs, job_id=job_id)
+        return record.evolve(extra={"schedule": schedule.name, **extra}), result
+
+    def pause_schedule(self, name: str) -> bool:
+        """Stop a schedule's ticks until resume_schedule(); False if already paused."""
+        schedule, store = self.schedule(name), self.store
+        return self._bounded(
+            store, lambda: schedule_state.pause(store, schedule.name),
+            f"Pausing schedule {name!r} has an unknown outcome:",
+            "Pause it again once the ensemble answers (pausing twice is harmless).")
+
+    def resume_schedule(self, name: str) -> bool:
+        """Let a paused schedule tick again from its next tick (the ticks it skipped
+        while paused are not run); False if it was not paused."""
+        schedule, store = self.schedule(name), self.store
+        return self._bounded(
+            store, lambda: schedule_state.resume(store, schedule),
+            f"Resuming schedule {name!r} has an unknown outcome:",
+            "Resume it again once the ensemble answers (resuming twice is harmless).")
+
+    def run_schedule_now(self, name: str):
+        """Submit one job of the schedule's task and arguments now, outside its ticks
+        (paused or not); return its result. The schedule itself does not change."""
+        record, result = self.schedule_job(self.schedule(name), manual=True)
+        return self.write(record, result)
 
     def drain_worker(self, worker_id: str) -> bool:
         """Ask a worker to drain: it takes nothing new, finishes, hands back, exits."""

@@ -140,6 +140,14 @@ _repr = reprlib.Repr(maxlevel=4, maxtuple=20, maxlist=20, maxarray=20, maxdict=2
                      maxother=400)
 
 
+def _time(value) -> datetime | None:
+    """An ISO time written into a record; None when absent or not one."""
+    try:
+        return datetime.fromisoformat(value) if value else None
+    except (TypeError, ValueError):
+        return None
+
+
 def short_repr(value, limit: int = REPR_LIMIT) -> str:
     """repr() bounded in depth and length; never raises (a hostile __repr__ included)."""
     try:
@@ -299,6 +307,8 @@ class ScheduleRow:
     #                          first tick, which only starts the schedule)
     next_tick: datetime | None = None
     overdue: bool = False    # the next tick is well past: no leader, or its ticks fail
+    paused: bool = False     # paused by a person: no ticks until resumed
+    paused_at: datetime | None = None
     error: str = ""          # why its last attempted tick failed (the leader notes it)
     error_at: datetime | None = None
     note: str = ""           # what is wrong with the recorded state itself
@@ -389,15 +399,12 @@ class Reader:
         for name in names:
             schedule, state, last = configured.get(name), states.get(name, {}), lasts.get(name)
             record = found_jobs.get(jobs.get(name, ""))
+            paused = bool(state.get("paused"))
             next_tick, overdue = None, False
-            if schedule is not None:
+            if schedule is not None and not paused:
                 next_tick = schedule.next_tick(last if last is not None else now)
                 overdue = next_tick < now - SCHEDULE_GRACE
-            try:
-                error_at = datetime.fromisoformat(state["error_at"]) \
-                    if state.get("error") and state.get("error_at") else None
-            except (TypeError, ValueError):
-                error_at = None
+            error_at = _time(state["error_at"]) if state.get("error") else None
             rows.append(ScheduleRow(
                 name=name, configured=schedule is not None,
                 task=schedule.task if schedule else "",
@@ -406,6 +413,7 @@ class Reader:
                 last_tick=last, last_job=jobs.get(name, ""),
                 last_state=record.state if isinstance(record, StatusRecord) else "",
                 next_tick=next_tick, overdue=overdue,
+                paused=paused, paused_at=_time(state.get("paused_at")) if paused else None,
                 error=str(state.get("error") or ""), error_at=error_at,
                 note=notes.get(name, "") or ("" if schedule else
                                              "not in SCHEDULES: state left from an earlier "

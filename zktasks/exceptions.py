@@ -73,3 +73,7 @@ class RetryRefused(ZkTasksError):
 
 class DeadLetterRefused(ZkTasksError):
     """A dead-letter entry cannot be re-queued (or is gone); the message says why."""
+
+
+class ScheduleNotFound(ZkTasksError, LookupError):
+    """No schedule of that name is in OPTIONS['SCHEDULES']."""

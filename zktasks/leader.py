@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kazoo.exceptions import (
+    BadVersionError,
     CancelledError,
     KazooException,
     NodeExistsError,
@@ -31,7 +32,7 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import EventType, KazooState
 
-from . import deadletter, records
+from . import deadletter, records, schedule_state
 from .exceptions import CorruptRecord, ZooKeeperUnavailableError
 from .handler import inline_watch
 from .store import MAX_WORKER_LOSSES, TRANSIENT, Store, failures
@@ -642,23 +643,29 @@ class Leader:
 
     def _run_schedule(self, schedule, now) -> bool:
         """Submit the schedule's due tick; return whether its state is up to date."""
-        from datetime import datetime, timedelta
+        from datetime import timedelta
 
         path = self.layout.schedule(schedule.name)
         try:
             raw, stat = self.client.get(path)
-            last = datetime.fromisoformat(records.loads(raw, path=path)["last_tick"])
-            version = stat.version
+            recorded, version = records.loads(raw, path=path), stat.version
         except NoNodeError:
-            last, version = None, None
+            recorded, version = {}, None
+        if recorded.get("paused"):
+            return True  # schedule_state.resume() records the tick it resumes from
+        last = schedule_state.last_tick(recorded)
         latest = schedule.latest_tick(now)
         state = records.dumps({"last_tick": latest.isoformat()})
         if last is None:
             # A new schedule starts from now: record the current tick, run the next one.
+            # (A znode without last_tick: paused and resumed before any leader saw it.)
             try:
-                self.client.create(path, state)
-            except NodeExistsError:
-                pass
+                if version is None:
+                    self.client.create(path, state)
+                else:
+                    self.client.set(path, state, version=version)
+            except (NodeExistsError, BadVersionError):
+                return False  # written meanwhile (paused?): read it again soon
             return True
         if last > now + timedelta(seconds=SCHEDULE_SKEW):
             # Recorded by a leader whose clock ran ahead: waiting for it would skip every
@@ -684,6 +691,10 @@ class Leader:
             # Already submitted by an earlier leader: advance the schedule only.
             self.client.set(path, state, version=version if version is not None else -1)
             return True
+        if isinstance(error, BadVersionError):
+            # Paused or resumed since it was read: read it again soon (a paused
+            # schedule gets no tick: this multi made nothing).
+            return False
         logger.warning("schedule tick refused name=%s error=%r", schedule.name, error)
         self._note_schedule_error(schedule, f"ZooKeeper refused the tick's job: {error!r}")
         return False
@@ -709,16 +720,12 @@ class Leader:
             logger.debug("schedule error not noted name=%s: %r", schedule.name, exc)
 
     def _tick_record(self, schedule, tick):
-        from django.tasks import Task, task_backends
-        from django.utils.module_loading import import_string
+        from django.tasks import task_backends
 
         backend = task_backends[self.store.options.alias]
-        target = import_string(schedule.task)
-        if not isinstance(target, Task):
-            target = backend.task_class(func=target, backend=backend.alias)
-        record, _ = backend.prepare(target, schedule.args, schedule.kwargs,
-                                    job_id=schedule.job_id(tick))
-        return record.evolve(extra={"schedule": schedule.name, "tick": tick.isoformat()})
+        record, _ = backend.schedule_job(schedule, job_id=schedule.job_id(tick),
+                                         tick=tick.isoformat())
+        return record
 
     def _read_worker(self, view: WorkerView) -> None:
         path = self.layout.worker(view.worker_id)

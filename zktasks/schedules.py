@@ -18,7 +18,7 @@ from .exceptions import ConfigurationError
 
 _FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12),
            ("day of week", 0, 7))
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 
 
 def _parse_field(text: str, name: str, low: int, high: int) -> frozenset[int]:
@@ -143,7 +143,7 @@ def parse_schedules(alias: str, raw) -> tuple[Schedule, ...]:
     schedules = []
     for name, spec in raw.items():
         here = f"{where}[{name!r}]"
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.match(name):
             raise ConfigurationError(f"{here}: use letters, digits, '_', '-', '.' in names.")
         if not isinstance(spec, dict) or not isinstance(spec.get("task"), str):
             raise ConfigurationError(f"{here} needs 'task': the dotted path of a task.")

@@ -72,10 +72,13 @@ LAYOUT = (
      "first job (NodeExists decides the race between web processes)"),
     ("{root}/cancel/{job_id}", "PERSISTENT", "result.cancel() of a job a worker holds",
      "JSON: force, requested_at. The holding worker stops the job; removed when it ends"),
-    ("{root}/schedules/{name}", "PERSISTENT", "the leader",
+    ("{root}/schedules/{name}", "PERSISTENT",
+     "the leader; pause_schedule() and resume_schedule() (the shell, the dashboard)",
      "JSON: last_tick (ISO time of the last tick that got its job); advanced in the same "
      "multi that creates the tick's job. error, error_at: why the last attempted tick "
-     "failed, noted by the leader and dropped when the next tick is recorded"),
+     "failed, noted by the leader and dropped when the next tick is recorded. paused, "
+     "paused_at: set by pause_schedule() (no ticks); resume_schedule() writes last_tick "
+     "alone (schedule_state.py)"),
     ("{root}/status/{job_id}", "PERSISTENT", "submitters, workers, the leader",
      "the job's state record: JSON (payload and result inside are HMAC-signed dill)"),
     ("{root}/deadletter/{at_ms:013d}-{16 random hex}", "PERSISTENT",

@@ -22,8 +22,15 @@ from kazoo.exceptions import NoNodeError
 
 from . import dashboard, deadletter, records
 from .admin import can_manage
-from .exceptions import CorruptRecord, DeadLetterRefused, JobNotFound, RetryRefused
+from .exceptions import (
+    CorruptRecord,
+    DeadLetterRefused,
+    JobNotFound,
+    RetryRefused,
+    ScheduleNotFound,
+)
 from .models import Job
+from .schedules import NAME_RE as SCHEDULE_NAME_RE
 from .tree import QUEUE_RE, ZNODE_NAME_RE, is_job_id
 
 _JOB_NODE = re.compile(r"^\d{3}-[0-9a-f]{32}$")
@@ -32,6 +39,7 @@ _RESULTS_CURSOR = re.compile(r"^\d{13}/[0-9a-f]{32}$")
 _WORKER_ID = _ENTRY_NAME = ZNODE_NAME_RE  # any znode name (a dead letter's: garbage too)
 
 DEAD_LETTER_PREVIEW = 2_000  # characters of an entry's data shown
+SCHEDULE_ACTIONS = {"pause": "Pause", "resume": "Resume", "run": "Run now"}
 
 TABS = (
     ("overview", "Overview", "zktasks_overview"),
@@ -114,6 +122,8 @@ class DashboardViews:
                  name="zktasks_assignments"),
             path(f"{label}/tree/", wrap(self.tree), name="zktasks_tree"),
             path(f"{label}/schedules/", wrap(self.schedules), name="zktasks_schedules"),
+            path(f"{label}/schedules/<str:name>/<str:verb>/", wrap(self.schedule_action),
+                 name="zktasks_schedule_action"),
             path(f"{label}/deadletters/", wrap(self.dead_letters), name="zktasks_deadletters"),
             path(f"{label}/deadletters/<str:name>/requeue/", wrap(self.dead_letter_requeue),
                  name="zktasks_deadletter_requeue"),
@@ -495,6 +505,55 @@ class DashboardViews:
         context = self.context(request, title, "schedules", rows=rows,
                                leader=live["leader"], **live_context)
         return self.render(request, "schedules.html", context)
+
+    def schedule_action(self, request, name, verb):
+        """Pause, resume or run a schedule now: confirm (GET), then act (POST)."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        if verb not in SCHEDULE_ACTIONS or not SCHEDULE_NAME_RE.match(name):
+            raise Http404("Not a schedule action.")
+        if not can_manage(request):
+            self.deny(request)
+        title = f"{SCHEDULE_ACTIONS[verb]} schedule {name}"
+        back = self.url("zktasks_schedules")
+        try:
+            backend = zk_backend(connected=request.method == "POST")
+            schedule = backend.schedule(name)
+        except ScheduleNotFound as exc:
+            raise Http404(str(exc)) from exc
+        except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
+            return self.unavailable(request, exc, title, "schedules")
+        if request.method == "GET":
+            context = self.context(request, title, "schedules", schedule=schedule, verb=verb,
+                                   back_url=back)
+            return self.render(request, "confirm_schedule.html", context)
+        try:
+            if verb == "run":
+                result = backend.run_schedule_now(name)
+                done = f"Submitted job {result.id} of schedule {name!r} now."
+            elif verb == "pause":
+                done = (f"Paused schedule {name!r}: no ticks until it is resumed."
+                        if backend.pause_schedule(name) else "")
+            else:
+                done = (f"Resumed schedule {name!r} at its next tick."
+                        if backend.resume_schedule(name) else "")
+        except dashboard.UNAVAILABLE as exc:
+            return self.unavailable(request, exc, title, "schedules")
+        except Exception as exc:  # run: its task does not import, or its args do not fit
+            messages.error(request, f"{SCHEDULE_ACTIONS[verb]} of schedule {name!r} failed: "
+                                    f"{type(exc).__name__}: {exc}" + (
+                                        ". `manage.py check` checks every schedule's task "
+                                        "and arguments." if verb == "run" else ""))
+            return HttpResponseRedirect(back)
+        if done:
+            subject = Job(id=result.id if verb == "run" else "")
+            subject.label = f"schedule {name}"
+            self.log(request, subject, done)
+            messages.success(request, done)
+        else:
+            messages.warning(request, f"Schedule {name!r} was "
+                                      + ("paused already." if verb == "pause" else "not paused."))
+        return HttpResponseRedirect(back)
 
     def dead_letters(self, request):
         title = "Dead letters"

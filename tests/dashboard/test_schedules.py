@@ -61,3 +61,68 @@ def test_no_schedules_says_where_to_add_them(admin_client, backend):
     html = text(admin_client.get(url("zktasks_schedules")))
     assert "No schedules" in html and "SCHEDULES" in html
     assert live(admin_client)["ok"]
+
+
+def _with_schedules(settings, zk_hosts, zk_root):
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "nightly": {"task": "tests.tasks.add", "cron": "0 3 * * *", "args": [2, 3]},
+        "broken": {"task": "tests.tasks.no_such_task", "cron": "0 3 * * *"}})
+    return task_backends["default"]
+
+
+def test_pause_and_resume_are_confirmed_logged_and_shown(
+        manager_client, settings, zk_hosts, zk_root, zk_client):
+    from django.contrib.admin.models import LogEntry
+
+    from tests.dashboard.test_actions import follow, messages_of
+
+    backend = _with_schedules(settings, zk_hosts, zk_root)
+    pause = url("zktasks_schedule_action", "nightly", "pause")
+    html = text(manager_client.get(pause))  # the confirmation, nothing done yet
+    assert "Yes, pause it" in html and "tests.tasks.add" in html
+    assert not dashboard.Reader(backend).schedules()[1].paused
+    response = follow(manager_client, pause)
+    assert messages_of(response) == ["Paused schedule 'nightly': no ticks until it is "
+                                     "resumed."]
+    assert json.loads(zk_client.get(backend.store.layout.schedule("nightly"))[0])["paused"]
+    html = response.content.decode()
+    assert url("zktasks_schedule_action", "nightly", "resume") in html and "paused" in html
+    assert LogEntry.objects.get().change_message == messages_of(response)[0]
+    again = follow(manager_client, pause)
+    assert messages_of(again) == ["Schedule 'nightly' was paused already."]
+    resumed = follow(manager_client, url("zktasks_schedule_action", "nightly", "resume"))
+    assert messages_of(resumed) == ["Resumed schedule 'nightly' at its next tick."]
+    state = json.loads(zk_client.get(backend.store.layout.schedule("nightly"))[0])
+    assert "paused" not in state and state["last_tick"]
+
+
+def test_run_now_submits_a_job_or_says_why_not(manager_client, settings, zk_hosts, zk_root):
+    from tests.dashboard.test_actions import follow, messages_of
+
+    backend = _with_schedules(settings, zk_hosts, zk_root)
+    response = follow(manager_client, url("zktasks_schedule_action", "nightly", "run"))
+    (message,) = messages_of(response)
+    job_id = message.split()[2]
+    assert message == f"Submitted job {job_id} of schedule 'nightly' now."
+    record = backend.store.read_status(job_id).record
+    assert record.extra == {"schedule": "nightly", "manual": True}
+    assert record.task == "tests.tasks.add" and record.state == "READY"
+    broken = follow(manager_client, url("zktasks_schedule_action", "broken", "run"))
+    (message,) = messages_of(broken)
+    assert message.startswith("Run now of schedule 'broken' failed: ImportError")
+    assert "manage.py check" in message
+
+
+def test_schedule_actions_need_the_permission_and_a_real_schedule(
+        staff_client, admin_client, settings, zk_hosts, zk_root, zk_client):
+    backend = _with_schedules(settings, zk_hosts, zk_root)
+    pause = url("zktasks_schedule_action", "nightly", "pause")
+    assert staff_client.get(pause).status_code == 403
+    assert staff_client.post(pause).status_code == 403
+    assert "Pause</a>" not in text(staff_client.get(url("zktasks_schedules")))
+    assert zk_client.exists(backend.store.layout.schedule("nightly")) is None
+    assert admin_client.get(url("zktasks_schedule_action", "nope", "pause")).status_code \
+        == 404
+    assert admin_client.get(url("zktasks_schedule_action", "nightly", "delete")) \
+        .status_code == 404
+    assert admin_client.put(pause).status_code == 405

@@ -213,3 +213,109 @@ def test_state_left_by_a_schedule_no_longer_configured_is_listed_as_such(backend
     assert not rows["retired"].configured and "not in SCHEDULES" in rows["retired"].note
     assert rows["retired"].next_tick is None
     assert "retired: not in SCHEDULES" in _command()
+
+
+def _tick_ids(zk_client, backend, name):
+    """The schedule's tick jobs (not those of "run now")."""
+    return {r.id: r for r in _ticks(zk_client, backend, name) if "tick" in r.extra}
+
+
+def test_pause_stops_the_ticks_resume_skips_what_was_missed_and_run_now_runs_one(
+        settings, zk_hosts, zk_root, zk_client, start_worker):
+    """Celery beat's admin can disable an entry and run one at once; zktasks had no
+    way short of editing SCHEDULES and restarting the workers."""
+    from datetime import datetime
+
+    from django.tasks import task_backends
+
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "beat": {"task": "tests.tasks.add", "every": 1, "args": [2, 3]},
+        "witness": {"task": "tests.tasks.add", "every": 1, "args": [0, 0]}})
+    backend = task_backends["default"]
+    start_worker()
+    wait_until(lambda: any(r.is_finished for r in _ticks(zk_client, backend, "beat")), 30,
+               "a tick of beat")
+    assert backend.pause_schedule("beat") is True
+    assert backend.pause_schedule("beat") is False  # already paused
+    paused_with = set(_tick_ids(zk_client, backend, "beat"))
+    state_before = zk_client.get(backend.store.layout.schedule("beat"))[0]
+    witnessed = set(_tick_ids(zk_client, backend, "witness"))
+    # The leader goes through every schedule at each tick: two more of the witness's
+    # ticks mean beat's tick times came and went twice while it was paused.
+    wait_until(lambda: len(set(_tick_ids(zk_client, backend, "witness")) - witnessed) >= 2,
+               30, "two ticks of the witness")
+    assert set(_tick_ids(zk_client, backend, "beat")) == paused_with
+    assert _rows()["beat"].paused and "paused" in _command()
+
+    now = backend.run_schedule_now("beat")  # paused or not
+    assert now.wait(timeout=30).return_value == 5
+    record = backend.store.read_status(now.id).record
+    assert record.extra == {"schedule": "beat", "manual": True}
+    assert zk_client.get(backend.store.layout.schedule("beat"))[0] == state_before
+
+    assert backend.resume_schedule("beat") is True
+    assert backend.resume_schedule("beat") is False  # not paused
+    resumed_from = datetime.fromisoformat(json_of(zk_client, backend, "beat")["last_tick"])
+    wait_until(lambda: set(_tick_ids(zk_client, backend, "beat")) - paused_with, 30,
+               "a tick after the resume")
+    new = [r for i, r in _tick_ids(zk_client, backend, "beat").items() if i not in paused_with]
+    # None of the ticks skipped while paused was run on resume.
+    assert all(datetime.fromisoformat(r.extra["tick"]) > resumed_from for r in new)
+
+
+def json_of(zk_client, backend, name) -> dict:
+    import json
+
+    return json.loads(zk_client.get(backend.store.layout.schedule(name))[0])
+
+
+def test_a_schedule_paused_before_any_leader_saw_it_does_not_tick_until_resumed(
+        settings, zk_hosts, zk_root, zk_client, start_worker):
+    from django.tasks import task_backends
+
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "beat": {"task": "tests.tasks.add", "every": 1, "args": [2, 3]},
+        "witness": {"task": "tests.tasks.add", "every": 1, "args": [0, 0]}})
+    backend = task_backends["default"]
+    assert backend.pause_schedule("beat") is True  # makes the znode: no last_tick in it
+    start_worker()
+    wait_until(lambda: len(_tick_ids(zk_client, backend, "witness")) >= 2, 30,
+               "two ticks of the witness")
+    assert _ticks(zk_client, backend, "beat") == []
+    assert backend.resume_schedule("beat") is True
+    wait_until(lambda: any(r.is_finished for r in _ticks(zk_client, backend, "beat")), 30,
+               "beat ticking once resumed")
+
+
+def test_schedule_actions_name_the_schedules_there_are(backend):
+    import pytest
+    from django.core.management import CommandError, call_command
+
+    from zktasks import ScheduleNotFound
+
+    with pytest.raises(ScheduleNotFound, match="'beat'"):
+        backend.pause_schedule("nope")
+    with pytest.raises(CommandError, match="No schedule is named 'nope'.*'beat'"):
+        call_command("zktasks", "run-schedule", "nope")
+
+
+def test_run_schedule_from_the_shell_says_what_it_submitted_or_why_not(
+        settings, zk_hosts, zk_root, start_worker):
+    import pytest
+    from django.core.management import CommandError, call_command
+    from django.tasks import task_backends
+
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "beat": {"task": "tests.tasks.add", "cron": "0 3 1 1 *", "args": [2, 3]},
+        "broken": {"task": "tests.tasks.no_such_task", "cron": "0 3 1 1 *"}})
+    from io import StringIO
+
+    out = StringIO()
+    call_command("zktasks", "run-schedule", "beat", "--json", stdout=out)
+    import json
+
+    job = json.loads(out.getvalue())["job"]
+    start_worker()
+    assert task_backends["default"].get_result(job).wait(timeout=30).return_value == 5
+    with pytest.raises(CommandError, match="not run: ImportError.*manage.py check"):
+        call_command("zktasks", "run-schedule", "broken")

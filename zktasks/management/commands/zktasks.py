@@ -39,8 +39,8 @@ STATES = (records.SUCCESSFUL, records.FAILED)
 class Command(BaseCommand):
     help = (
         "Look at and act on a zktasks cluster: the overview (status), jobs finished or "
-        "pending, one job (show), the periodic schedules, retry, cancel, purge finished "
-        "results, drain a worker, and the dead letters. "
+        "pending, one job (show), the periodic schedules (pause, resume, run now), "
+        "retry, cancel, purge finished results, drain a worker, and the dead letters. "
         "Run `manage.py zktasks ACTION --help` for each action."
     )
 
@@ -101,6 +101,15 @@ class Command(BaseCommand):
         action("schedules", "The periodic schedules (OPTIONS['SCHEDULES']): the last tick "
                             "and its job, the next tick, and why the last attempted tick "
                             "failed, if it did.")
+        for name, help_text in (
+                ("pause-schedule", "Pause a schedule: the leader submits none of its ticks "
+                                   "until it is resumed."),
+                ("resume-schedule", "Resume a paused schedule at its next tick; the ticks "
+                                    "it skipped while paused are not run."),
+                ("run-schedule", "Submit one job of a schedule's task and arguments now, "
+                                 "outside its ticks (paused or not).")):
+            action(name, help_text).add_argument("name", help="the schedule's name in "
+                                                             "OPTIONS['SCHEDULES']")
         retry = action("retry", "Send a FAILED job back to its queue for one more attempt.")
         retry.add_argument("job_id")
         cancel = action("cancel", "Cancel a job. A pending one never runs; one a worker "
@@ -269,15 +278,52 @@ class Command(BaseCommand):
         lines += _table(["NAME", "WHEN", "TASK", "LAST TICK", "ITS JOB", "STATE", "NEXT TICK"], [
             [r.name, r.when or "-", r.task or "-", _when(r.last_tick),
              r.last_job or "-", r.last_state or ("no record" if r.last_job else "-"),
-             _when(r.next_tick) + (" (overdue)" if r.overdue else "")] for r in rows]) \
+             "paused" if r.paused else _when(r.next_tick) + (" (overdue)" if r.overdue
+                                                              else "")] for r in rows]) \
             if rows else []
         for r in rows:
             if r.note:
                 lines.append(f"{r.name}: {r.note}")
+            if r.paused:
+                lines.append(f"{r.name}: paused since {_when(r.paused_at)}; resume it with "
+                             f"`manage.py zktasks resume-schedule {r.name}`")
             if r.error:
                 lines.append(f"{r.name}: the tick attempted at {_when(r.error_at)} failed: "
                              f"{r.error}")
         self.emit({"schedules": [dataclasses.asdict(r) for r in rows]}, "\n".join(lines))
+
+    def do_pause_schedule(self, backend, options) -> None:
+        name = options["name"]
+        changed = backend.pause_schedule(name)
+        self.emit({"schedule": name, "paused": True, "changed": changed},
+                  (f"Schedule {name!r} is paused: " if changed else
+                   f"Schedule {name!r} was paused already: ")
+                  + f"no ticks until `manage.py zktasks resume-schedule {name}`.")
+
+    def do_resume_schedule(self, backend, options) -> None:
+        name = options["name"]
+        changed = backend.resume_schedule(name)
+        following = backend.schedule(name).next_tick(records.now())
+        self.emit({"schedule": name, "paused": False, "changed": changed,
+                   "next_tick": following},
+                  (f"Schedule {name!r} is resumed" if changed else
+                   f"Schedule {name!r} was not paused") + f"; its next tick is at "
+                  f"{_when(following)}.")
+
+    def do_run_schedule(self, backend, options) -> None:
+        name = options["name"]
+        try:
+            result = backend.run_schedule_now(name)
+        except (ZkTasksError, KazooException, KazooTimeoutError):
+            raise  # handle() says these
+        except Exception as exc:  # its task does not import, or its args do not fit
+            raise CommandError(f"Schedule {name!r} was not run: {type(exc).__name__}: {exc}. "
+                               "`manage.py check` checks every schedule's task and "
+                               "arguments.") from exc
+        self.emit({"schedule": name, "job": result.id},
+                  f"Submitted job {result.id} of schedule {name!r} "
+                  f"({backend.schedule(name).task}). Follow it with: "
+                  f"manage.py zktasks show {result.id}")
 
     def emit_page(self, page, what: str, *, when: str, filtered: bool) -> None:
         rows = [{"id": r.id, "state": r.state, "task": r.task, "queue": r.queue,
