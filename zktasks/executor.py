@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 # The most jobs a task process is handed at once (ProcessRunner.run_many), and so the
 # entries of its shared cancel flags (context.py): a batch's run numbers are consecutive.
-BATCH_MAX = 8
+BATCH_MAX = 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
