@@ -36,7 +36,7 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, KazooState
 
-from . import envelope, records
+from . import envelope, records, schedule_state
 from .client import get_client
 from .exceptions import CorruptRecord, PayloadVerificationError, ZooKeeperUnavailableError
 from .records import StatusRecord
@@ -389,10 +389,12 @@ class Reader:
                 continue
             try:
                 states[name] = state = records.loads(item[0], path=path)
-                if state.get("last_tick"):
-                    lasts[name] = datetime.fromisoformat(state["last_tick"])
-            except (CorruptRecord, TypeError, ValueError) as exc:
-                notes[name] = f"its state cannot be read: {exc}"
+                if (last := schedule_state.last_tick(state, path)) is not None:
+                    lasts[name] = last
+            except CorruptRecord as exc:
+                notes[name] = f"its state cannot be read: {exc}" + (
+                    " The leader moves it to the dead letters and starts the schedule "
+                    "again from now." if name in configured else "")
         jobs = {name: tick_job_id(name, tick) for name, tick in lasts.items()}
         found_jobs = self.statuses(jobs.values())
         rows = []

@@ -42,6 +42,7 @@ KINDS = {
     "unreadable_assignment": "an assignment whose data does not decode",
     "corrupt_status": "a status record that does not decode (the job was failed)",
     "foreign_signature": "a payload that fails its signature check (the job was failed)",
+    "corrupt_schedule": "a schedule's state that does not decode (it started again from now)",
 }
 
 

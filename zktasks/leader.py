@@ -648,25 +648,28 @@ class Leader:
         path = self.layout.schedule(schedule.name)
         try:
             raw, stat = self.client.get(path)
-            recorded, version = records.loads(raw, path=path), stat.version
         except NoNodeError:
-            recorded, version = {}, None
+            raw, stat = None, None
+        try:
+            recorded = records.loads(raw, path=path) if stat else {}
+            last = schedule_state.last_tick(recorded, path)
+        except CorruptRecord as exc:
+            # Unreadable (written by hand?): waiting for somebody to fix it would stop the
+            # schedule for good. Its bytes go to the dead letters and the schedule starts
+            # again from now, as a new one does (a pause it may have held is lost with it).
+            self._move_aside(path, raw=raw, version=stat.version, kind="corrupt_schedule",
+                             reason=f"the state of schedule {schedule.name!r} does not "
+                                    f"decode ({exc}); the schedule starts again from now")
+            return False  # the next pass (SCHEDULE_RETRY) makes its state anew
+        version = stat.version if stat else None
         if recorded.get("paused"):
             return True  # schedule_state.resume() records the tick it resumes from
-        last = schedule_state.last_tick(recorded)
         latest = schedule.latest_tick(now)
         state = records.dumps({"last_tick": latest.isoformat()})
         if last is None:
             # A new schedule starts from now: record the current tick, run the next one.
             # (A znode without last_tick: paused and resumed before any leader saw it.)
-            try:
-                if version is None:
-                    self.client.create(path, state)
-                else:
-                    self.client.set(path, state, version=version)
-            except (NodeExistsError, BadVersionError):
-                return False  # written meanwhile (paused?): read it again soon
-            return True
+            return self._set_schedule(path, state, version)
         if last > now + timedelta(seconds=SCHEDULE_SKEW):
             # Recorded by a leader whose clock ran ahead: waiting for it would skip every
             # tick until then. Start again from now; a tick that did run is not run again
@@ -674,8 +677,7 @@ class Leader:
             logger.warning("schedule state is in the future name=%s last_tick=%s now=%s "
                            "(clocks of the leaders differ?); starting again from now",
                            schedule.name, last.isoformat(), now.isoformat())
-            self.client.set(path, state, version=version)
-            return True
+            return self._set_schedule(path, state, version)
         if latest <= last:
             return True
         record = self._tick_record(schedule, latest)
@@ -689,8 +691,7 @@ class Leader:
         index, error = failed[0]
         if index == 1 and isinstance(error, NodeExistsError):
             # Already submitted by an earlier leader: advance the schedule only.
-            self.client.set(path, state, version=version if version is not None else -1)
-            return True
+            return self._set_schedule(path, state, version)
         if isinstance(error, BadVersionError):
             # Paused or resumed since it was read: read it again soon (a paused
             # schedule gets no tick: this multi made nothing).
@@ -698,6 +699,18 @@ class Leader:
         logger.warning("schedule tick refused name=%s error=%r", schedule.name, error)
         self._note_schedule_error(schedule, f"ZooKeeper refused the tick's job: {error!r}")
         return False
+
+    def _set_schedule(self, path: str, state: bytes, version: int | None) -> bool:
+        """Write a schedule's state over the version read; False (read it again soon)
+        when it changed or appeared meanwhile: paused, resumed, or another leader."""
+        try:
+            if version is None:
+                self.client.create(path, state)
+            else:
+                self.client.set(path, state, version=version)
+        except (BadVersionError, NodeExistsError, NoNodeError):
+            return False
+        return True
 
     def _note_schedule_error(self, schedule, error: str) -> None:
         """Keep why a schedule's tick failed in its znode, next to its last tick, for

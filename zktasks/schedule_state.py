@@ -19,7 +19,7 @@ from datetime import datetime
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from . import records
-from .exceptions import ZkTasksError
+from .exceptions import CorruptRecord, ZkTasksError
 
 ATTEMPTS = 20  # read-modify-writes tried against concurrent writers before giving up
 
@@ -34,10 +34,20 @@ def read(store, name: str) -> tuple[dict, int | None]:
     return records.loads(raw, path=path), stat.version
 
 
-def last_tick(state: dict) -> datetime | None:
-    """The state's last tick; None for a schedule no leader has started."""
+def last_tick(state: dict, path: str = "") -> datetime | None:
+    """The state's last tick; None for a schedule no leader has started. CorruptRecord
+    if it is not a time with its zone (as the leader writes it)."""
     value = state.get("last_tick")
-    return datetime.fromisoformat(value) if value else None
+    if value is None:
+        return None
+    try:
+        tick = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        tick = None
+    if tick is None or tick.tzinfo is None:
+        raise CorruptRecord(f"The znode {path} holds no last tick zktasks wrote: "
+                            f"{str(value)[:80]!r}.")
+    return tick
 
 
 def _update(store, name: str, change) -> bool:

@@ -78,7 +78,8 @@ LAYOUT = (
      "multi that creates the tick's job. error, error_at: why the last attempted tick "
      "failed, noted by the leader and dropped when the next tick is recorded. paused, "
      "paused_at: set by pause_schedule() (no ticks); resume_schedule() writes last_tick "
-     "alone (schedule_state.py)"),
+     "alone (schedule_state.py). One that does not decode is moved to the dead letters "
+     "by the leader, and the schedule starts again from now"),
     ("{root}/status/{job_id}", "PERSISTENT", "submitters, workers, the leader",
      "the job's state record: JSON (payload and result inside are HMAC-signed dill)"),
     ("{root}/deadletter/{at_ms:013d}-{16 random hex}", "PERSISTENT",

@@ -319,3 +319,31 @@ def test_run_schedule_from_the_shell_says_what_it_submitted_or_why_not(
     assert task_backends["default"].get_result(job).wait(timeout=30).return_value == 5
     with pytest.raises(CommandError, match="not run: ImportError.*manage.py check"):
         call_command("zktasks", "run-schedule", "broken")
+
+
+@pytest.mark.parametrize("garbage", [
+    b"not json", b'["a list"]', b'{"last_tick": "yesterday"}',
+    b'{"last_tick": "2026-01-01T00:00:00"}',  # no zone: cannot be compared with now
+], ids=["not-json", "not-an-object", "not-a-time", "naive-time"])
+def test_a_corrupt_schedule_state_goes_to_the_dead_letters_and_the_schedule_ticks_on(
+        settings, zk_hosts, zk_root, zk_client, start_worker, monkeypatch, garbage):
+    """An unreadable state (written by hand, say) stopped its schedule for good: the
+    leader logged an error once, then skipped it on every pass."""
+    from django.tasks import task_backends
+
+    from zktasks import deadletter
+    from zktasks import leader as leader_module
+
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "mangled": {"task": "tests.tasks.add", "every": 1, "args": [1, 1]}})
+    backend = task_backends["default"]
+    path = backend.store.layout.schedule("mangled")
+    zk_client.create(path, garbage, makepath=True)
+    monkeypatch.setattr(leader_module, "SCHEDULE_RETRY", 0.2)
+    start_worker()
+    wait_until(lambda: any(r.is_finished for r in _ticks(zk_client, backend, "mangled")), 30,
+               "a tick after the corrupt state")
+    letters = [e for e in deadletter.listing(backend.store) if e.path == path]
+    assert [(e.kind, e.data) for e in letters] == [("corrupt_schedule", garbage)]
+    assert "starts again from now" in letters[0].reason
+    assert _rows(backend)["mangled"].note == ""  # its state is the leader's again
