@@ -463,6 +463,7 @@ class Demo:
             "",
             f"Site:       {site}",
             f"Dashboard:  {site}admin/zktasks/",
+            f"Schedules:  {site}admin/zktasks/schedules/ (heartbeat, every 30 s)",
             f"Shell:      {shell}",
             f"Admin:      user {ADMIN_USER}, password {self.password}",
             f"ZooKeeper:  {zk}",

@@ -86,6 +86,8 @@ TASKS = {
                 ("KEYFILE", env("ZKTASKS_TLS_KEYFILE", default=None)),
                 ("KEYFILE_PASSWORD", env("ZKTASKS_TLS_KEYFILE_PASSWORD", default=None)),
             ) if value} or None,
+            # One periodic job (the dashboard's Schedules tab; `zktasks schedules`).
+            "SCHEDULES": {"heartbeat": {"task": "project.tasks.heartbeat", "every": 30}},
         },
     },
 }

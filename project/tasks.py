@@ -1,6 +1,9 @@
-"""Sample tasks of the demo: one quick, one that fails, one slow, one on another queue."""
+"""Sample tasks of the demo: one quick, one that fails, one slow, one on another queue,
+and one that a schedule runs (settings.TASKS[...]["OPTIONS"]["SCHEDULES"])."""
 
 import time
+
+from django.utils import timezone
 
 from zktasks import zk_task
 
@@ -32,3 +35,9 @@ def slow(seconds):
 @zk_task(queue_name="emails")
 def send_welcome(address):
     return f"welcome mail queued for {address}"
+
+
+@zk_task
+def heartbeat():
+    """Run by the demo's schedule every 30 s: see the dashboard's Schedules tab."""
+    return f"alive at {timezone.now():%H:%M:%S} UTC"

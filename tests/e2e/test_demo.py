@@ -57,8 +57,12 @@ def test_demo_runs_the_samples_and_stops_everything(tmp_path):
     assert re.search(r"^\s*add\(2, 3\)\s+SUCCESSFUL\s+-> 5\b", output, re.M), report
     assert re.search(r"^\s*divide\(1, 0\)\s+FAILED\s+ZeroDivisionError", output, re.M), report
     assert "Ctrl-C stops everything" in output, report
+    assert f"http://127.0.0.1:{site_port}/admin/zktasks/schedules/" in output, report
     for name in ("worker-1", "worker-2", "runserver"):
         assert (var / "logs" / f"{name}.log").stat().st_size > 0, name
+    # The demo's schedule (heartbeat) imports and fits its task: no leader refused it.
+    for name in ("worker-1", "worker-2"):
+        assert "schedule failed" not in (var / "logs" / f"{name}.log").read_text(), name
 
     # Nothing outlives the demo: its children are gone and nobody serves its ports.
     pids = re.findall(r"stopped \S+ \(pid (\d+)\)", output)
