@@ -19,7 +19,8 @@ class Job(models.Model):
         verbose_name_plural = "jobs"
         default_permissions = ()
         permissions = [
-            ("manage_jobs", "Can retry, cancel and purge jobs and drain workers"),
+            ("manage_jobs", "Can retry, cancel and purge jobs, drain workers, re-queue or "
+                            "discard dead letters, and pause, resume or run schedules"),
         ]
 
     def __str__(self):
