@@ -97,6 +97,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"zktasks": {"handlers": ["console"], "level": env("ZKTASKS_LOG_LEVEL",
-                                                                  default="INFO")}},
+    "loggers": {
+        "zktasks": {"handlers": ["console"], "level": env("ZKTASKS_LOG_LEVEL", default="INFO")},
+        # Django's own task lines ("Task id=... state=..."), in the same format: with
+        # DEBUG, Django's default config printed them bare, without time or level.
+        "django.tasks": {"handlers": ["console"], "level": "INFO", "propagate": False},
+    },
 }
