@@ -91,6 +91,7 @@ def resume(store, schedule, now: datetime | None = None) -> bool:
     def change(state):
         if not state.get("paused"):
             return None
-        latest, last = schedule.latest_tick(now), last_tick(state)
+        latest = schedule.latest_tick(now)
+        last = last_tick(state, store.layout.schedule(schedule.name))
         return {"last_tick": max(latest, last).isoformat() if last else latest.isoformat()}
     return _update(store, schedule.name, change)

@@ -491,7 +491,7 @@ class DashboardViews:
                                back_url=self.url("zktasks_overview"))
         return self.render(request, "confirm_drain.html", context)
 
-    # -- dead letters --------------------------------------------------------------------
+    # -- schedules -----------------------------------------------------------------------
 
     def schedules(self, request):
         title = "Schedules"
@@ -554,6 +554,8 @@ class DashboardViews:
             messages.warning(request, f"Schedule {name!r} was "
                                       + ("paused already." if verb == "pause" else "not paused."))
         return HttpResponseRedirect(back)
+
+    # -- dead letters --------------------------------------------------------------------
 
     def dead_letters(self, request):
         title = "Dead letters"
