@@ -87,6 +87,8 @@ class Options:
     dead_letter_ttl: float | None = 30 * 86400
     dead_letter_limit: int = 1000
     schedules: tuple = ()
+    # queue -> ratelimit.RateLimit; left out of the hash (a dict cannot be hashed)
+    rate_limits: dict = field(default_factory=dict, hash=False)
     tls: TlsOptions | None = None
 
     @property
@@ -107,7 +109,7 @@ class Options:
         known = {
             "HOSTS", "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "RESULT_TTL", "AUTH",
             "SIGNING_KEY", "SIGNING_KEY_FALLBACKS", "MAX_RECORD_BYTES", "SCHEDULES",
-            "DEAD_LETTER_TTL", "DEAD_LETTER_LIMIT", "TLS",
+            "DEAD_LETTER_TTL", "DEAD_LETTER_LIMIT", "TLS", "RATE_LIMITS",
         }
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -177,11 +179,14 @@ class Options:
                 f"{where}['DEAD_LETTER_LIMIT'] is {dead_letter_limit!r}; give a whole number "
                 "of entries, at least 1 (each holds at most 64 KB of ZooKeeper's heap)."
             )
+        from .ratelimit import parse_rate_limits
         from .schedules import parse_schedules
 
         return cls(
             alias=alias,
             schedules=parse_schedules(alias, raw.get("SCHEDULES")),
+            rate_limits=parse_rate_limits(alias, raw.get("RATE_LIMITS"),
+                                          params.get("QUEUES") or ()),
             hosts=hosts,
             root=root,
             session_timeout=float(session_timeout),

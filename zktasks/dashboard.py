@@ -1547,6 +1547,14 @@ MAX_LIVE_STATES = 8
 DROP_IDLE_AFTER = 600.0
 
 
+def with_rate_limits(data: dict, conf) -> dict:
+    """A snapshot with each queue's rate limit ("100/m", or None): the limits are
+    settings, not ZooKeeper state, so the shared live cache does not carry them."""
+    return {**data, "queues": [
+        {**q, "rate_limit": (limit.text if (limit := conf.rate_limits.get(q["name"]))
+                             else None)} for q in data.get("queues", [])]}
+
+
 def live_state(backend, client=None) -> LiveState:
     """Return this process's LiveState for the backend's ROOT, starting it on first use."""
     conf = backend.conf

@@ -35,6 +35,7 @@ from kazoo.protocol.states import EventType, KazooState
 from . import deadletter, records, schedule_state
 from .exceptions import CorruptRecord, ZooKeeperUnavailableError
 from .handler import inline_watch
+from .ratelimit import Buckets
 from .store import MAX_WORKER_LOSSES, TRANSIENT, Store, failures
 from .tree import (
     delayed_shards,
@@ -148,6 +149,8 @@ class Leader:
         self._deferred: set[str] = set()
         self._broken_schedules: dict[str, str] = {}  # name -> the error it failed with
         self._stuck_garbage: set[str] = set()  # paths that could not be moved aside
+        self.buckets = Buckets(store.options.rate_limits, time.monotonic())
+        self._throttled: set[str] = set()  # limited queues whose jobs wait for a token
 
     # -- election ----------------------------------------------------------------------
 
@@ -281,6 +284,8 @@ class Leader:
     def _lead(self) -> None:
         self._set_leader(True)
         self._unserved = set()  # a new term warns again
+        for queue, limit in sorted(self.buckets.limits.items()):
+            logger.info("rate limit queue=%s %s (for the whole cluster)", queue, limit.text)
         self.mark("*")  # rule 6: a new leader reconciles from the whole tree
         last_full = time.monotonic()  # the mark just above is the first full read
         while not self.stop_event.is_set():
@@ -307,7 +312,7 @@ class Leader:
             # sweep: no polling.
             self.wake.wait(min(EXPIRE_EVERY, self._until_next_due(),
                                self._until_next_tick(), self._until_next_expiry(),
-                               self._until_sweep(),
+                               self._until_sweep(), self._until_token(),
                                RELIST_EVERY if self._deferred else RECONCILE_EVERY))
 
     def _tick(self) -> None:
@@ -1039,29 +1044,53 @@ class Leader:
         if failed and failed[0][0] == 0 and isinstance(failed[0][1], NoNodeError):
             raise LeadershipLost("fence check failed")
 
-    def plan(self) -> list[tuple[str, str, str]]:
+    def plan(self, now: float | None = None) -> list[tuple[str, str, str]]:
         """Decide (queue, job_node, worker) moves: highest priority, then oldest, first;
         each to the serving worker with the most idle runners, then the most free slots.
         Updates the local view.
 
         The per-queue lists are already sorted: a lazy merge stops as soon as the free
         slots are spent, so a plan costs what it assigns, not the size of the backlog.
+
+        A queue with a rate limit (ratelimit.py) hands out no more jobs than its bucket
+        holds, and only to a runner with nothing assigned, so a job starts when it is
+        handed out: prefetched behind other jobs, several would start together once
+        runners free up, over the limit. While such a job waits for a runner, the
+        workers that serve its queue get nothing else, so that one frees up: without
+        that hold, a backlog of another queue would keep their runners full for good.
         """
         eligible = [w for w in self.workers.values() if w.wants_work]
+        self._throttled = set()
         if not eligible:
             return []
+        now = time.monotonic() if now is None else now
         queues = [q for q, nodes in self.pending.items() if nodes]
+        allowance = {q: n for q in queues
+                     if (n := self.buckets.allowance(q, now)) is not None}
         streams = [zip(self.pending[q], itertools.repeat(q)) for q in queues]
         moves = []
         taken: dict[str, int] = {}
         blocked: set[str] = set()  # no eligible worker with a free slot serves it
+        held: set[str] = set()  # workers kept free for a rate-limited job
         for node, queue in heapq.merge(*streams):
             if queue in blocked:
                 continue
-            workers = [w for w in eligible if w.free > 0 and w.serves(queue)]
+            limited = queue in allowance
+            if limited and allowance[queue] <= 0:
+                workers = []
+                self._throttled.add(queue)
+            elif limited:
+                serving = [w for w in eligible if w.serves(queue) and w.worker_id not in held]
+                workers = [w for w in serving if w.idle > 0]
+                if not workers:
+                    held.update(w.worker_id for w in serving)
+            else:
+                workers = [w for w in eligible
+                           if w.free > 0 and w.serves(queue) and w.worker_id not in held]
             if not workers:
                 blocked.add(queue)
-                if len(blocked) == len(queues) or not any(w.free > 0 for w in eligible):
+                if len(blocked) == len(queues) or not any(
+                        w.free > 0 and w.worker_id not in held for w in eligible):
                     break
                 continue
             # Idle runners first: prefetch slots count as free too, and a worker whose
@@ -1070,9 +1099,19 @@ class Leader:
             target = max(workers, key=lambda w: (w.idle, w.free, w.worker_id))
             target.assigned.add(node.split("-", 1)[1])
             taken[queue] = taken.get(queue, 0) + 1
+            if limited:
+                allowance[queue] -= 1
             moves.append((queue, node, target.worker_id))
         # Within a queue the moves are a prefix of its sorted list: once no worker can
         # take a job of that queue, none takes a later one in this plan.
         for queue, count in taken.items():
             del self.pending[queue][:count]
+            # Spent even if the multi is refused: the limit errs on the slow side.
+            self.buckets.take(queue, count, now)
         return moves
+
+    def _until_token(self, now: float | None = None) -> float:
+        """Seconds until a throttled queue may hand out its next job."""
+        now = time.monotonic() if now is None else now
+        return min((self.buckets.wait(q, now) for q in self._throttled
+                    if self.pending.get(q)), default=math.inf)

@@ -208,7 +208,9 @@ class DashboardViews:
         except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
             return self.unavailable(request, exc, title, "overview")
         context = self.context(
-            request, title, "overview", live=_for_template(live), conf=backend.conf,
+            request, title, "overview",
+            live=_for_template(dashboard.with_rate_limits(live, backend.conf)),
+            conf=backend.conf,
             zk_error="" if live["ok"] else live["error"],
             throughput=_bars(live["throughput"]), **live_context,
         )

@@ -6,6 +6,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from tests import tasks
+from tests.conftest import use_zookeeper
 from tests.dashboard import tasks as dash_tasks
 from tests.dashboard.conftest import url
 from tests.waiting import wait_until
@@ -75,6 +76,17 @@ def test_overview_shows_leader_workers_counts_throughput_and_failures(admin_clie
     assert failed.id in html and "kaput" in html
     assert "serving" in html
     assert "3 jobs finished in the last 10 minutes" in html
+
+
+def test_overview_shows_a_queue_s_rate_limit(admin_client, settings, zk_hosts, zk_root,
+                                             monkeypatch):
+    use_zookeeper(settings, monkeypatch, zk_hosts, zk_root, RATE_LIMITS={"emails": "100/m"})
+    dash_tasks.send.submit("ada@example.com")  # no worker: it waits in its queue
+    tasks.add.submit(1, 2)
+    wait_live(admin_client, lambda d: d["totals"]["pending"] == 2, "two pending jobs")
+    html = text(admin_client.get(url("zktasks_overview")))
+    assert re.search(r">emails</a> <span [^>]*>≤ 100/m</span></th>", html), html
+    assert html.count("≤ ") == 1  # the default queue has no limit
 
 
 def test_pending_lists_a_queue_in_assignment_order(admin_client, backend, monkeypatch):

@@ -11,6 +11,7 @@ from zktasks import envelope, records, serialization
 from zktasks.conf import Options
 from zktasks.exceptions import ConfigurationError, CorruptRecord, PayloadVerificationError
 from zktasks.leader import Leader, WorkerView
+from zktasks.ratelimit import Buckets
 from zktasks.tree import (
     BUCKET_MS,
     bucket_expiry_ms,
@@ -261,8 +262,15 @@ def test_signing_key_fallbacks_follow_secret_key_fallbacks_unless_set(settings):
         Options.from_params("default", {})
 
 
-def test_plan_prefers_priority_then_age_and_least_loaded_worker():
+def bare_leader(rate_limits=None, now=0.0) -> Leader:
+    """A Leader with only what plan() reads: no store, no ZooKeeper."""
     leader = Leader.__new__(Leader)
+    leader.buckets = Buckets(rate_limits or {}, now)
+    return leader
+
+
+def test_plan_prefers_priority_then_age_and_least_loaded_worker():
+    leader = bare_leader()
     a, b = "0" * 31 + "a", "0" * 31 + "b"
     leader.pending = {"default": sorted([job_node_name(0, a), job_node_name(5, b)]),
                       "emails": [job_node_name(0, "0" * 31 + "c")]}
@@ -283,7 +291,7 @@ def test_plan_prefers_priority_then_age_and_least_loaded_worker():
 def test_plan_sends_a_job_to_an_idle_runner_before_anyone_s_prefetch():
     """A worker whose prefetch grew to 16 has more free slots than an idle worker with 4,
     but its one runner is busy: the job would wait behind a long one."""
-    leader = Leader.__new__(Leader)
+    leader = bare_leader()
     leader.pending = {"default": [job_node_name(0, "0" * 31 + "a")]}
     warm = WorkerView("w1", concurrency=1, prefetch=16, assigned={"long"})
     idle = WorkerView("w0", concurrency=1, prefetch=4)
@@ -293,7 +301,7 @@ def test_plan_sends_a_job_to_an_idle_runner_before_anyone_s_prefetch():
 
 
 def test_plan_refills_a_busy_worker_once_half_its_prefetch_is_gone():
-    leader = Leader.__new__(Leader)
+    leader = bare_leader()
     leader.pending = {"default": sorted(job_node_name(0, f"{i:032x}") for i in range(20))}
     # 2 runners + 8 prefetched: with 2 running and 5 queued it wants nothing yet...
     busy = WorkerView("w1", concurrency=2, prefetch=8, assigned={f"r{i}" for i in range(7)})

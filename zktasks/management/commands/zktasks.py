@@ -231,7 +231,8 @@ class Command(BaseCommand):
 
     def do_status(self, backend, options) -> None:
         state, data = self.live(backend)
-        data = {**data, "root_exists": self.root_exists(state.client, backend)}
+        data = {**dashboard.with_rate_limits(data, backend.conf),
+                "root_exists": self.root_exists(state.client, backend)}
         self.emit(data, _status_text(data, backend.conf))
 
     def do_show(self, backend, options) -> None:
@@ -569,10 +570,12 @@ def _status_text(data: dict, conf) -> str:
              "draining" if w["draining"] else (w["note"] or "running")]
             for w in data["workers"]])
     lines.append("queues:")
-    lines += _table(["QUEUE", "PENDING", "DELAYED", "ASSIGNED", "SUCCEEDED", "FAILED"], [
+    lines += _table(["QUEUE", "PENDING", "DELAYED", "ASSIGNED", "SUCCEEDED", "FAILED",
+                     "RATE LIMIT"], [
         [q["name"], q["pending"], q["delayed"], q["running"],
          "-" if q["succeeded"] is None else q["succeeded"],
-         "-" if q["failed"] is None else q["failed"]] for q in data["queues"]])
+         "-" if q["failed"] is None else q["failed"], q.get("rate_limit") or "-"]
+        for q in data["queues"]])
     lines.append(f"totals: {totals['pending']} pending, {totals['delayed']} delayed, "
                  f"{totals['running']} assigned (running, or held by a worker), "
                  f"{totals['succeeded']} succeeded, "

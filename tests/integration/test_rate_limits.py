@@ -1,0 +1,63 @@
+"""Rate limits per queue (OPTIONS['RATE_LIMITS']) on a real ZooKeeper: the leader starts a
+limited queue's jobs no faster than its rate, across all workers, and holds nothing else
+back. The checks are lower bounds on time, so a slow machine cannot fail them."""
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.tasks import TaskResultStatus
+
+from tests import tasks
+from tests.conftest import use_zookeeper
+
+RATE_LIMITS = {"paced": "5/s", "trickle": "1/h"}
+
+
+@pytest.fixture
+def zk_settings(settings, zk_hosts, zk_root, monkeypatch):
+    """Overrides the suite's fixture: two limited queues."""
+    return use_zookeeper(settings, monkeypatch, zk_hosts, zk_root, RATE_LIMITS=RATE_LIMITS)
+
+
+def test_a_limited_queue_s_jobs_start_no_faster_than_its_rate_across_workers(
+        backend, start_worker):
+    # Two workers with 8 runners between them: a limit kept per worker (as Celery's
+    # rate_limit is) would start these twice as fast, and free runners all at once.
+    start_worker(queues=["paced"], concurrency=4)
+    start_worker(queues=["paced"], concurrency=4)
+    submitted = [tasks.add.using(queue_name="paced").submit(n, n) for n in range(6)]
+    done = [result.wait(timeout=60) for result in submitted]
+    assert [r.status for r in done] == [TaskResultStatus.SUCCESSFUL] * 6
+    first = min(r.enqueued_at for r in done)
+    # 5/s with a burst of one: the k-th start comes at least k fifths of a second after
+    # the first job could start (its submit). Times are kept to the microsecond, and
+    # written by processes of one machine; the margin is for rounding only.
+    since = sorted((r.started_at - first).total_seconds() for r in done)
+    assert all(s >= k * 0.2 - 0.002 for k, s in enumerate(since)), since
+
+
+def test_a_limited_queue_holds_only_its_own_jobs(backend, start_worker, zk_client):
+    start_worker(queues=["default", "trickle"], concurrency=2)
+    first = tasks.add.using(queue_name="trickle").submit(1, 1)
+    second = tasks.add.using(queue_name="trickle").submit(2, 2)
+    assert first.wait(timeout=30).status == TaskResultStatus.SUCCESSFUL
+    others = [tasks.add.submit(n, 1) for n in range(5)]
+    assert [r.wait(timeout=30).status for r in others] == [TaskResultStatus.SUCCESSFUL] * 5
+    # 1/h: the second trickle job waits for the next token, the whole time, unassigned.
+    second.refresh()
+    assert second.status == TaskResultStatus.READY and second.worker_ids == []
+    assert zk_client.get_children(backend.store.layout.assignments) != []  # the worker's
+    assert not any(zk_client.get_children(f"{backend.store.layout.assignments}/{w}")
+                   for w in zk_client.get_children(backend.store.layout.assignments))
+
+    out = io.StringIO()
+    call_command("zktasks", "status", "--json", stdout=out)
+    queues = {q["name"]: q for q in json.loads(out.getvalue())["queues"]}
+    assert queues["trickle"]["rate_limit"] == "1/h" and queues["trickle"]["pending"] == 1
+    assert queues["default"]["rate_limit"] is None
+    out = io.StringIO()
+    call_command("zktasks", "status", stdout=out)
+    row = next(line for line in out.getvalue().splitlines() if line.split()[:1] == ["trickle"])
+    assert row.split()[-1] == "1/h"

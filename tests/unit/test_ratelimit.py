@@ -1,0 +1,127 @@
+"""Rate limits per queue: parsing, the token buckets, and how the leader's plan keeps them.
+Pure: the clock is passed in, no ZooKeeper."""
+
+import pytest
+
+from tests.unit.test_pure import bare_leader
+from zktasks.conf import Options
+from zktasks.exceptions import ConfigurationError
+from zktasks.leader import WorkerView
+from zktasks.ratelimit import Buckets, parse_rate
+from zktasks.tree import job_node_name
+
+
+def jobs(count: int, start: int = 0, priority: int = 0) -> list[str]:
+    return sorted(job_node_name(priority, f"{i:032x}") for i in range(start, start + count))
+
+
+@pytest.mark.parametrize("text,per_second,burst", [
+    ("10/s", 10.0, 1), ("100/m", 100 / 60, 1), ("1.5/h", 1.5 / 3600, 1),
+    (" 200 / s ", 200.0, 20), (5, 5.0, 1), (250.0, 250.0, 25),
+])
+def test_rates_are_written_as_celery_writes_them(text, per_second, burst):
+    limit = parse_rate(text, "X")
+    assert limit.per_second == pytest.approx(per_second) and limit.burst == burst
+
+
+@pytest.mark.parametrize("value,match", [
+    ("10/x", r"X is '10/x'; give a rate such as '10/s', '100/m' or '500/h'"),
+    ("ten/s", "give a rate such as"),
+    (True, "X is True; give a rate"),
+    (None, "X is None; give a rate"),
+    ("0/s", "must be above 0 .*stop serving it"),
+    (-1, "must be above 0"),
+    (float("inf"), "must be above 0"),
+])
+def test_bad_rates_say_what_to_write(value, match):
+    with pytest.raises(ConfigurationError, match=match):
+        parse_rate(value, "X")
+
+
+@pytest.mark.parametrize("params,match", [
+    ({"OPTIONS": {"RATE_LIMITS": ["emails"]}}, r"\['RATE_LIMITS'\] must be a dict of queue"),
+    ({"OPTIONS": {"RATE_LIMITS": {"bad/name": "1/s"}}}, "'bad/name', which is not a queue"),
+    ({"QUEUES": ["default"], "OPTIONS": {"RATE_LIMITS": {"emails": "1/s"}}},
+     r"names queue 'emails', which is not in QUEUES \['default'\]"),
+    ({"OPTIONS": {"RATE_LIMITS": {"emails": "1/d"}}},
+     r"\['RATE_LIMITS'\]\['emails'\] is '1/d'"),
+])
+def test_rate_limit_settings_errors_name_the_setting(params, match):
+    with pytest.raises(ConfigurationError, match=match):
+        Options.from_params("default", params)
+
+
+def test_rate_limit_settings():
+    options = Options.from_params("default", {"QUEUES": ["default", "emails"], "OPTIONS": {
+        "RATE_LIMITS": {"emails": "120/m"}}})
+    assert options.rate_limits["emails"].text == "120/m"
+    assert options.rate_limits["emails"].per_second == 2.0
+    assert Options.from_params("default", {}).rate_limits == {}
+    hash(options)  # the options stay hashable with a dict of limits in them
+
+
+def test_a_bucket_refills_at_its_rate_and_holds_one_burst():
+    buckets = Buckets({"q": parse_rate("2/s", "X"), "fast": parse_rate("100/s", "X")}, 0.0)
+    assert buckets.allowance("other", 0.0) is None  # not limited
+    assert buckets.allowance("q", 0.0) == 1
+    buckets.take("q", 1, 0.0)
+    assert buckets.allowance("q", 0.0) == 0
+    assert buckets.wait("q", 0.0) == pytest.approx(0.5)
+    assert buckets.wait("q", 0.3) == pytest.approx(0.2)
+    assert buckets.allowance("q", 0.5) == 1
+    assert buckets.allowance("q", 60.0) == 1  # an idle hour does not save up a burst
+    assert buckets.allowance("fast", 0.0) == 10
+    buckets.take("fast", 10, 0.0)
+    assert buckets.allowance("fast", 0.05) == 5
+
+
+def test_plan_hands_out_a_limited_queue_s_jobs_at_its_rate():
+    leader = bare_leader({"paced": parse_rate("1/s", "X")}, now=100.0)
+    leader.pending = {"paced": jobs(3), "default": jobs(2, start=10)}
+    leader.workers = {"w1": WorkerView("w1", concurrency=8)}
+    moves = leader.plan(now=100.0)
+    assert [q for q, _, _ in moves].count("paced") == 1
+    assert [q for q, _, _ in moves].count("default") == 2  # other queues are not held back
+    assert leader._until_token(100.0) == pytest.approx(1.0)
+    assert leader.plan(now=100.5) == [] and leader._until_token(100.5) == pytest.approx(0.5)
+    assert [q for q, _, _ in leader.plan(now=101.0)] == ["paced"]
+    leader.pending["paced"] = []
+    assert leader.plan(now=101.2) == []
+    assert leader._until_token(101.2) == float("inf")  # nothing waits: no wake-up
+
+
+def test_plan_gives_a_limited_job_an_idle_runner_not_a_prefetch_slot():
+    """Prefetched behind a long job, limited jobs would start together later."""
+    leader = bare_leader({"paced": parse_rate("10/s", "X")})
+    busy = WorkerView("busy", concurrency=1, prefetch=4, assigned={"long"})
+    idle = WorkerView("idle", concurrency=1, prefetch=0)
+    leader.pending = {"paced": jobs(2)}
+    leader.workers = {"busy": busy, "idle": idle}
+    assert leader.plan(now=0.0) == [("paced", jobs(2)[0], "idle")]
+
+
+def test_plan_keeps_a_worker_free_for_a_limited_job_that_waits_for_a_runner():
+    """A backlog of another queue, newer than the limited job, would otherwise keep the
+    worker's runners full for good."""
+    leader = bare_leader({"paced": parse_rate("1/s", "X")})
+    shared = WorkerView("shared", concurrency=2, prefetch=2, assigned={"a", "b"})
+    other = WorkerView("other", frozenset({"default"}), concurrency=2)
+    leader.pending = {"paced": jobs(1), "default": jobs(5, start=10)}
+    leader.workers = {"shared": shared, "other": other}
+    moves = leader.plan(now=0.0)
+    assert {w for _, _, w in moves} == {"other"}  # shared is held, other is filled
+    assert len(moves) == 2 and leader.pending["paced"] == jobs(1)
+    shared.assigned = {"a"}  # one of its runners is done
+    moves = leader.plan(now=0.0)
+    assert moves[0] == ("paced", jobs(1)[0], "shared")
+
+
+def test_plan_does_not_hold_workers_for_a_limited_job_without_a_token():
+    leader = bare_leader({"paced": parse_rate("1/h", "X")})
+    leader.buckets.take("paced", 1, 0.0)
+    shared = WorkerView("shared", concurrency=1, prefetch=4, assigned={"a"})
+    leader.pending = {"paced": jobs(1), "default": jobs(3, start=10)}
+    leader.workers = {"shared": shared}
+    moves = leader.plan(now=1.0)
+    assert [q for q, _, _ in moves] == ["default"] * 3
+    assert leader._until_token(1.0) == pytest.approx(3599.0)

@@ -1,0 +1,103 @@
+"""Rate limits per queue (OPTIONS['RATE_LIMITS']): parse them, and the leader's buckets.
+
+`{"emails": "100/m"}` lets the jobs of queue "emails" start at most 100 times a minute,
+across the whole cluster. The leader hands out every job, so it keeps the limit alone:
+Celery's `rate_limit` is kept by each worker process for itself, so ten workers run ten
+times the rate. Parsing and the token buckets are pure: no I/O, the clock is passed in.
+
+A token bucket, as Celery's `kombu.utils.limits.TokenBucket`, refilled at the rate. Its
+capacity (the burst) is one job, or a tenth of a second's worth at rates over 10/s, so
+that the leader need not wake more than about ten times a second to hand out a fast
+queue's jobs. A new leader starts with a full bucket: a failover can let one burst
+through early, never more.
+"""
+
+import math
+import re
+from dataclasses import dataclass
+
+from .exceptions import ConfigurationError
+from .tree import QUEUE_RE
+
+PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+BURST_WINDOW = 0.1  # seconds' worth of jobs the bucket holds at high rates
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*([smh])\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    text: str          # as written in settings, for logs and the dashboard: "100/m"
+    per_second: float
+
+    @property
+    def burst(self) -> int:
+        return max(1, math.floor(self.per_second * BURST_WINDOW))
+
+
+def parse_rate(value, where: str) -> RateLimit:
+    """"N/s", "N/m" or "N/h" as Celery writes them; a bare number means per second."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        text, count, period = f"{value:g}/s", float(value), "s"
+    else:
+        match = _RATE_RE.match(value) if isinstance(value, str) else None
+        if match is None:
+            raise ConfigurationError(
+                f"{where} is {value!r}; give a rate such as '10/s', '100/m' or '500/h'.")
+        text, count, period = value.strip(), float(match[1]), match[2]
+    if not math.isfinite(count) or count <= 0:
+        raise ConfigurationError(
+            f"{where} is {value!r}; the rate must be above 0 (to hold a queue's jobs, stop "
+            "serving it: runworker --queues).")
+    return RateLimit(text=text, per_second=count / PERIODS[period])
+
+
+def parse_rate_limits(alias: str, raw, queues) -> dict[str, RateLimit]:
+    """Read OPTIONS['RATE_LIMITS']: {queue: rate}. `queues` is the backend's QUEUES."""
+    where = f"TASKS[{alias!r}]['OPTIONS']['RATE_LIMITS']"
+    if raw in (None, {}):
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"{where} must be a dict of queue name -> rate, such as "
+                                 "{'emails': '100/m'}.")
+    limits = {}
+    for queue, rate in raw.items():
+        if not isinstance(queue, str) or not QUEUE_RE.match(queue):
+            raise ConfigurationError(f"{where} has {queue!r}, which is not a queue name.")
+        if queues and queue not in queues:
+            raise ConfigurationError(
+                f"{where} names queue {queue!r}, which is not in QUEUES {list(queues)!r}.")
+        limits[queue] = parse_rate(rate, f"{where}[{queue!r}]")
+    return limits
+
+
+class Buckets:
+    """The leader's token buckets, one per limited queue; `now` is time.monotonic()."""
+
+    def __init__(self, limits: dict[str, RateLimit], now: float):
+        self.limits = limits
+        self._tokens = {queue: float(limit.burst) for queue, limit in limits.items()}
+        self._at = dict.fromkeys(limits, now)
+
+    def _fill(self, queue: str, now: float) -> float:
+        limit = self.limits[queue]
+        tokens = min(float(limit.burst),
+                     self._tokens[queue] + max(0.0, now - self._at[queue]) * limit.per_second)
+        self._tokens[queue], self._at[queue] = tokens, now
+        return tokens
+
+    def allowance(self, queue: str, now: float) -> int | None:
+        """How many of the queue's jobs may start now; None when it has no limit."""
+        if queue not in self.limits:
+            return None
+        return math.floor(self._fill(queue, now) + 1e-9)
+
+    def take(self, queue: str, count: int, now: float) -> None:
+        if queue in self.limits and count:
+            self._tokens[queue] = self._fill(queue, now) - count
+
+    def wait(self, queue: str, now: float) -> float:
+        """Seconds until the queue may start one more job (0 if it may now)."""
+        if queue not in self.limits:
+            return 0.0
+        short = 1.0 - self._fill(queue, now)
+        return max(0.0, short / self.limits[queue].per_second)
