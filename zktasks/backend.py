@@ -163,13 +163,18 @@ class ZooKeeperBackend(BaseTaskBackend):
     # -- validation --------------------------------------------------------------------
 
     def validate_task(self, task):
-        """Accept what Django's backends accept, plus functions that travel by value."""
+        """Accept what Django's backends accept, plus functions that travel by value.
+
+        Each refusal begins with Django's own message for it (BaseTaskBackend's), so code
+        and tests written against Django's backends that check the message still match;
+        the detail zktasks adds comes after.
+        """
         if task.takes_context:
             args = get_func_args(task.func)
             if not args or args[0] != "context":
                 raise InvalidTaskError(
-                    f"Task {task.module_path!r} takes context, so its first argument must "
-                    "be named 'context'."
+                    "Task takes context but does not have a first argument of 'context'. "
+                    f"Name the first argument of {task.module_path!r} 'context'."
                 )
         priority = task.priority
         if (
@@ -178,8 +183,9 @@ class ZooKeeperBackend(BaseTaskBackend):
             or not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY
         ):
             raise InvalidTaskError(
-                f"Priority {priority!r} of task {task.module_path!r} is invalid; give a whole "
-                f"number from {TASK_MIN_PRIORITY} to {TASK_MAX_PRIORITY}."
+                f"priority must be a whole number between {TASK_MIN_PRIORITY} and "
+                f"{TASK_MAX_PRIORITY}. Priority {priority!r} of task {task.module_path!r} "
+                "is not."
             )
         if task.run_after is not None:
             if not isinstance(task.run_after, datetime):
@@ -188,8 +194,8 @@ class ZooKeeperBackend(BaseTaskBackend):
                 )
             if settings.USE_TZ and timezone.is_naive(task.run_after):
                 raise InvalidTaskError(
-                    f"run_after {task.run_after!r} is naive; give an aware datetime, e.g. "
-                    "django.utils.timezone.now() + timedelta(minutes=5)."
+                    f"run_after must be an aware datetime. {task.run_after!r} is naive; "
+                    "use e.g. django.utils.timezone.now() + timedelta(minutes=5)."
                 )
         queue = task.queue_name
         if not isinstance(queue, str) or not QUEUE_RE.match(queue):
@@ -198,9 +204,9 @@ class ZooKeeperBackend(BaseTaskBackend):
             )
         if self.queues and queue not in self.queues:
             raise InvalidTaskError(
-                f"Queue {queue!r} is not one of the queues of backend {self.alias!r} "
-                f"({sorted(self.queues)!r}); add it to TASKS[{self.alias!r}]['QUEUES'] or "
-                "submit to one of those."
+                f"Queue '{queue}' is not valid for backend. It is not one of the queues of "
+                f"backend {self.alias!r} ({sorted(self.queues)!r}); add it to "
+                f"TASKS[{self.alias!r}]['QUEUES'] or submit to one of those."
             )
 
     # -- enqueue ------------------------------------------------------------------------
