@@ -88,6 +88,9 @@ TASKS = {
             ) if value} or None,
             # One periodic job (the dashboard's Schedules tab; `zktasks schedules`).
             "SCHEDULES": {"heartbeat": {"task": "project.tasks.heartbeat", "every": 30}},
+            # Mail goes out at most twice a second, however many workers run (the
+            # overview shows the limit next to the queue).
+            "RATE_LIMITS": {"emails": "2/s"},
         },
     },
 }
