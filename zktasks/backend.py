@@ -165,9 +165,10 @@ class ZooKeeperBackend(BaseTaskBackend):
     def validate_task(self, task):
         """Accept what Django's backends accept, plus functions that travel by value.
 
-        Each refusal begins with Django's own message for it (BaseTaskBackend's), so code
-        and tests written against Django's backends that check the message still match;
-        the detail zktasks adds comes after.
+        Each refusal that Django's BaseTaskBackend also makes begins with Django's own
+        message for it, so code and tests written against Django's backends that check
+        the message still match; the detail zktasks adds comes after. (A queue name that
+        cannot be a znode name is zktasks' own refusal, checked first.)
         """
         if task.takes_context:
             args = get_func_args(task.func)

@@ -7,6 +7,7 @@ import ssl
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.tasks.base import DEFAULT_TASK_QUEUE_NAME
 
 from .exceptions import ConfigurationError
 
@@ -185,8 +186,9 @@ class Options:
         return cls(
             alias=alias,
             schedules=parse_schedules(alias, raw.get("SCHEDULES")),
+            # Django's default QUEUES is ["default"]; [] accepts any queue name.
             rate_limits=parse_rate_limits(alias, raw.get("RATE_LIMITS"),
-                                          params.get("QUEUES") or ()),
+                                          params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])),
             hosts=hosts,
             root=root,
             session_timeout=float(session_timeout),

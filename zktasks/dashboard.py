@@ -1549,10 +1549,15 @@ DROP_IDLE_AFTER = 600.0
 
 def with_rate_limits(data: dict, conf) -> dict:
     """A snapshot with each queue's rate limit ("100/m", or None): the limits are
-    settings, not ZooKeeper state, so the shared live cache does not carry them."""
+    settings, not ZooKeeper state, so the shared live cache does not carry them. A
+    limited queue no job has used yet gets a row of its own, so its limit shows."""
+    queues = {q["name"]: q for q in data.get("queues", [])}
+    for name in set(conf.rate_limits) - set(queues):
+        queues[name] = {"name": name, "pending": 0, "delayed": 0, "running": 0,
+                        "succeeded": None, "failed": None}
     return {**data, "queues": [
         {**q, "rate_limit": (limit.text if (limit := conf.rate_limits.get(q["name"]))
-                             else None)} for q in data.get("queues", [])]}
+                             else None)} for _, q in sorted(queues.items())]}
 
 
 def live_state(backend, client=None) -> LiveState:

@@ -1055,9 +1055,10 @@ class Leader:
         A queue with a rate limit (ratelimit.py) hands out no more jobs than its bucket
         holds, and only to a runner with nothing assigned, so a job starts when it is
         handed out: prefetched behind other jobs, several would start together once
-        runners free up, over the limit. While such a job waits for a runner, the
-        workers that serve its queue get nothing else, so that one frees up: without
-        that hold, a backlog of another queue would keep their runners full for good.
+        runners free up, over the limit. While such a job has a token and waits for a
+        runner, the workers that serve its queue get none of the jobs after it in this
+        plan, so that one frees up: without that hold, a backlog of another queue would
+        keep their runners full for good.
         """
         eligible = [w for w in self.workers.values() if w.wants_work]
         self._throttled = set()
@@ -1113,5 +1114,5 @@ class Leader:
     def _until_token(self, now: float | None = None) -> float:
         """Seconds until a throttled queue may hand out its next job."""
         now = time.monotonic() if now is None else now
-        return min((self.buckets.wait(q, now) for q in self._throttled
-                    if self.pending.get(q)), default=math.inf)
+        return min((self.buckets.wait(q, now, want=len(self.pending[q]))
+                    for q in self._throttled if self.pending.get(q)), default=math.inf)

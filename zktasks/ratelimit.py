@@ -8,8 +8,8 @@ times the rate. Parsing and the token buckets are pure: no I/O, the clock is pas
 A token bucket, as Celery's `kombu.utils.limits.TokenBucket`, refilled at the rate. Its
 capacity (the burst) is one job, or a tenth of a second's worth at rates over 10/s, so
 that the leader need not wake more than about ten times a second to hand out a fast
-queue's jobs. A new leader starts with a full bucket: a failover can let one burst
-through early, never more.
+queue's jobs (it waits until a burst's worth is due, see Buckets.wait). A new leader
+starts with a full bucket: a failover can let one burst through early, never more.
 """
 
 import math
@@ -21,7 +21,7 @@ from .tree import QUEUE_RE
 
 PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 BURST_WINDOW = 0.1  # seconds' worth of jobs the bucket holds at high rates
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*([smh])\s*$")
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*([smh])\s*)?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,8 @@ class RateLimit:
 
 
 def parse_rate(value, where: str) -> RateLimit:
-    """"N/s", "N/m" or "N/h" as Celery writes them; a bare number means per second."""
+    """"N/s", "N/m" or "N/h" as Celery writes them; a bare number ("5" or 5) means
+    per second, as in Celery."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         text, count, period = f"{value:g}/s", float(value), "s"
     else:
@@ -43,7 +44,8 @@ def parse_rate(value, where: str) -> RateLimit:
         if match is None:
             raise ConfigurationError(
                 f"{where} is {value!r}; give a rate such as '10/s', '100/m' or '500/h'.")
-        text, count, period = value.strip(), float(match[1]), match[2]
+        period = match[2] or "s"
+        text, count = value.strip() if match[2] else f"{match[1]}/s", float(match[1])
     if not math.isfinite(count) or count <= 0:
         raise ConfigurationError(
             f"{where} is {value!r}; the rate must be above 0 (to hold a queue's jobs, stop "
@@ -95,9 +97,12 @@ class Buckets:
         if queue in self.limits and count:
             self._tokens[queue] = self._fill(queue, now) - count
 
-    def wait(self, queue: str, now: float) -> float:
-        """Seconds until the queue may start one more job (0 if it may now)."""
+    def wait(self, queue: str, now: float, want: int = 1) -> float:
+        """Seconds until the queue may start `want` more jobs (0 if it may now); `want`
+        is capped at the burst. The leader waits for as many as it has waiting, up to a
+        burst: waking for each token, a 1000/s queue would wake it every millisecond."""
         if queue not in self.limits:
             return 0.0
-        short = 1.0 - self._fill(queue, now)
+        want = max(1, min(want, self.limits[queue].burst))
+        short = want - self._fill(queue, now)
         return max(0.0, short / self.limits[queue].per_second)

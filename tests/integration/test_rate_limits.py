@@ -25,8 +25,10 @@ def test_a_limited_queue_s_jobs_start_no_faster_than_its_rate_across_workers(
         backend, start_worker):
     # Two workers with 8 runners between them: a limit kept per worker (as Celery's
     # rate_limit is) would start these twice as fast, and free runners all at once.
+    # One leads; the other never does, so no failover on a loaded machine can hand the
+    # queue a second leader's full bucket mid-test.
     start_worker(queues=["paced"], concurrency=4)
-    start_worker(queues=["paced"], concurrency=4)
+    start_worker(queues=["paced"], concurrency=4, lead=False)
     submitted = [tasks.add.using(queue_name="paced").submit(n, n) for n in range(6)]
     done = [result.wait(timeout=60) for result in submitted]
     assert [r.status for r in done] == [TaskResultStatus.SUCCESSFUL] * 6
@@ -57,6 +59,8 @@ def test_a_limited_queue_holds_only_its_own_jobs(backend, start_worker, zk_clien
     queues = {q["name"]: q for q in json.loads(out.getvalue())["queues"]}
     assert queues["trickle"]["rate_limit"] == "1/h" and queues["trickle"]["pending"] == 1
     assert queues["default"]["rate_limit"] is None
+    assert queues["paced"]["rate_limit"] == "5/s"  # no job used it: shown all the same
+    assert queues["paced"]["pending"] == 0
     out = io.StringIO()
     call_command("zktasks", "status", stdout=out)
     row = next(line for line in out.getvalue().splitlines() if line.split()[:1] == ["trickle"])

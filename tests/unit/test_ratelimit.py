@@ -17,11 +17,12 @@ def jobs(count: int, start: int = 0, priority: int = 0) -> list[str]:
 
 @pytest.mark.parametrize("text,per_second,burst", [
     ("10/s", 10.0, 1), ("100/m", 100 / 60, 1), ("1.5/h", 1.5 / 3600, 1),
-    (" 200 / s ", 200.0, 20), (5, 5.0, 1), (250.0, 250.0, 25),
+    (" 200 / s ", 200.0, 20), (5, 5.0, 1), (250.0, 250.0, 25), ("5", 5.0, 1),
 ])
 def test_rates_are_written_as_celery_writes_them(text, per_second, burst):
     limit = parse_rate(text, "X")
     assert limit.per_second == pytest.approx(per_second) and limit.burst == burst
+    assert parse_rate(limit.text, "X") == limit  # what is shown reads back the same
 
 
 @pytest.mark.parametrize("value,match", [
@@ -43,8 +44,10 @@ def test_bad_rates_say_what_to_write(value, match):
     ({"OPTIONS": {"RATE_LIMITS": {"bad/name": "1/s"}}}, "'bad/name', which is not a queue"),
     ({"QUEUES": ["default"], "OPTIONS": {"RATE_LIMITS": {"emails": "1/s"}}},
      r"names queue 'emails', which is not in QUEUES \['default'\]"),
-    ({"OPTIONS": {"RATE_LIMITS": {"emails": "1/d"}}},
+    ({"QUEUES": [], "OPTIONS": {"RATE_LIMITS": {"emails": "1/d"}}},
      r"\['RATE_LIMITS'\]\['emails'\] is '1/d'"),
+    # No QUEUES: Django's default, ["default"], and submits elsewhere are refused.
+    ({"OPTIONS": {"RATE_LIMITS": {"emails": "1/s"}}}, r"not in QUEUES \['default'\]"),
 ])
 def test_rate_limit_settings_errors_name_the_setting(params, match):
     with pytest.raises(ConfigurationError, match=match):
@@ -57,6 +60,8 @@ def test_rate_limit_settings():
     assert options.rate_limits["emails"].text == "120/m"
     assert options.rate_limits["emails"].per_second == 2.0
     assert Options.from_params("default", {}).rate_limits == {}
+    assert Options.from_params("default", {"QUEUES": [], "OPTIONS": {
+        "RATE_LIMITS": {"anything": 1}}}).rate_limits["anything"].text == "1/s"
     hash(options)  # the options stay hashable with a dict of limits in them
 
 
@@ -73,6 +78,9 @@ def test_a_bucket_refills_at_its_rate_and_holds_one_burst():
     assert buckets.allowance("fast", 0.0) == 10
     buckets.take("fast", 10, 0.0)
     assert buckets.allowance("fast", 0.05) == 5
+    # The leader waits for a burst's worth (10 at 100/s), not for each token...
+    assert buckets.wait("fast", 0.05, want=500) == pytest.approx(0.05)
+    assert buckets.wait("fast", 0.05, want=3) == 0.0  # ...or for as many as wait
 
 
 def test_plan_hands_out_a_limited_queue_s_jobs_at_its_rate():
@@ -88,6 +96,14 @@ def test_plan_hands_out_a_limited_queue_s_jobs_at_its_rate():
     leader.pending["paced"] = []
     assert leader.plan(now=101.2) == []
     assert leader._until_token(101.2) == float("inf")  # nothing waits: no wake-up
+
+
+def test_the_leader_wakes_for_a_burst_of_a_fast_queue_not_for_each_job():
+    leader = bare_leader({"fast": parse_rate("1000/s", "X")})
+    leader.pending = {"fast": jobs(500)}
+    leader.workers = {"w1": WorkerView("w1", concurrency=200)}
+    assert len(leader.plan(now=0.0)) == 100  # a burst: a tenth of a second's worth
+    assert leader._until_token(0.0) == pytest.approx(0.1)
 
 
 def test_plan_gives_a_limited_job_an_idle_runner_not_a_prefetch_slot():
