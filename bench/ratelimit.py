@@ -78,6 +78,9 @@ def main(argv=None) -> int:
             proc.terminate()
         for proc in procs:
             proc.wait(30)
+        from zktasks.client import close_clients
+
+        close_clients()  # before the server goes, or kazoo logs the dropped connection
         zk.close()
     starts = sorted(r.started_at.timestamp() for r in done)
     span = starts[-1] - starts[0]
