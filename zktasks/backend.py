@@ -180,8 +180,9 @@ class ZooKeeperBackend(BaseTaskBackend):
         priority = task.priority
         if (
             isinstance(priority, bool)
-            or not isinstance(priority, int)
+            or not isinstance(priority, int | float)
             or not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY
+            or int(priority) != priority  # 3.0 is whole, as Django's check accepts it
         ):
             raise InvalidTaskError(
                 f"priority must be a whole number between {TASK_MIN_PRIORITY} and "
@@ -298,7 +299,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             task=task.module_path,
             backend=self.alias,
             queue=task.queue_name,
-            priority=task.priority,
+            priority=int(task.priority),  # 3.0 from Django code: names need an int
             enqueued_at=records.now(),
             max_attempts=getattr(task, "max_attempts", 1),
             timeout=getattr(task, "timeout", None),

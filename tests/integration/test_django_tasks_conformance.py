@@ -373,6 +373,14 @@ def test_a_priority_in_range_is_valid(backend, priority):
     assert std.noop.using(priority=priority).priority == priority
 
 
+def test_a_whole_number_float_priority_is_valid_and_runs(backend, start_worker, zk_client):
+    """Django's check accepts 3.0 (int(p) == p); pending jobs' names need the int."""
+    start_worker()
+    result = std.noop.using(priority=3.0).enqueue()
+    assert result.wait(timeout=WAIT).status == TaskResultStatus.SUCCESSFUL
+    assert backend.get_result(result.id).task.priority == 3
+
+
 def test_a_naive_run_after_is_invalid(backend):
     with pytest.raises(InvalidTask, match=re.escape("run_after must be an aware datetime.")):
         std.noop.using(run_after=datetime.now())  # noqa: DTZ005 - naive on purpose
