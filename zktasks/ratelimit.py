@@ -44,8 +44,8 @@ def parse_rate(value, where: str) -> RateLimit:
         if match is None:
             raise ConfigurationError(
                 f"{where} is {value!r}; give a rate such as '10/s', '100/m' or '500/h'.")
-        period = match[2] or "s"
-        text, count = value.strip() if match[2] else f"{match[1]}/s", float(match[1])
+        count, period = float(match[1]), match[2] or "s"
+        text = f"{match[1]}/{period}"
     if not math.isfinite(count) or count <= 0:
         raise ConfigurationError(
             f"{where} is {value!r}; the rate must be above 0 (to hold a queue's jobs, stop "

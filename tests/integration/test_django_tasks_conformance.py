@@ -49,6 +49,20 @@ def assert_ran_once(result: TaskResult, worker) -> None:
     assert result.worker_ids == [worker.worker_id]
 
 
+def assert_failed_once(result: TaskResult, worker, exception_class, last_line: str):
+    """What Django's backends give a task that raised: FAILED, return_value refusing with
+    "Task failed", one error of the exception's class whose traceback ends with its line.
+    Returns that error."""
+    assert result.status == TaskResultStatus.FAILED
+    assert_ran_once(result, worker)
+    with pytest.raises(ValueError, match="^Task failed$"):
+        result.return_value  # noqa: B018
+    [error] = result.errors
+    assert error.exception_class is exception_class
+    assert error.traceback.endswith(f"{last_line}\n")
+    return error
+
+
 def enqueue(task, how, *args, **kwargs):
     """task.enqueue(), or task.aenqueue() in a coroutine of its own."""
     if how == "aenqueue":
@@ -198,15 +212,10 @@ def test_a_function_not_at_module_level_is_a_valid_task(backend, start_worker):
 def test_a_task_that_raises_is_failed_with_its_error(backend, start_worker):
     worker = start_worker()
     result = std.fails_with_value_error.enqueue().wait(timeout=WAIT)
-    assert result.status == TaskResultStatus.FAILED
-    assert_ran_once(result, worker)
-    with pytest.raises(ValueError, match="^Task failed$"):
-        result.return_value  # noqa: B018
-    [error] = result.errors
-    assert error.exception_class is ValueError
+    error = assert_failed_once(result, worker, ValueError,
+                               "ValueError: conformance: a plain failure")
     assert error.exception_class_path == "builtins.ValueError"
     assert error.traceback.startswith("Traceback (most recent call last):\n")
-    assert error.traceback.endswith("ValueError: conformance: a plain failure\n")
     assert result.task == std.fails_with_value_error
     assert result.args == [] and result.kwargs == {}
 
@@ -217,13 +226,8 @@ def test_system_exit_fails_the_task_and_the_worker_goes_on(backend, start_worker
     must not end the worker (nor, with --pool process, cost more than the one job)."""
     worker = start_worker(pool=pool)
     result = std.exits.enqueue().wait(timeout=WAIT)
-    assert result.status == TaskResultStatus.FAILED
-    assert_ran_once(result, worker)
-    with pytest.raises(ValueError, match="^Task failed$"):
-        result.return_value  # noqa: B018
-    [error] = result.errors
-    assert error.exception_class is SystemExit
-    assert error.traceback.endswith("SystemExit: conformance: the task called exit\n")
+    assert_failed_once(result, worker, SystemExit,
+                       "SystemExit: conformance: the task called exit")
     after = std.answer.enqueue().wait(timeout=WAIT)
     assert after.status == TaskResultStatus.SUCCESSFUL and after.return_value == 42
     assert after.worker_ids == [worker.worker_id]
@@ -238,12 +242,8 @@ def test_keyboard_interrupt_from_a_task_fails_that_task_only(backend, start_work
     processes ignore SIGINT, see README "The worker")."""
     worker = start_worker(pool=pool)
     result = std.interrupts.enqueue().wait(timeout=WAIT)
-    assert result.status == TaskResultStatus.FAILED
-    assert_ran_once(result, worker)
-    [error] = result.errors
-    assert error.exception_class is KeyboardInterrupt
-    assert error.traceback.endswith(
-        "KeyboardInterrupt: conformance: the task raised KeyboardInterrupt\n")
+    assert_failed_once(result, worker, KeyboardInterrupt,
+                       "KeyboardInterrupt: conformance: the task raised KeyboardInterrupt")
     after = std.answer.enqueue().wait(timeout=WAIT)
     assert after.status == TaskResultStatus.SUCCESSFUL and after.return_value == 42
     assert after.worker_ids == [worker.worker_id]
@@ -252,16 +252,11 @@ def test_keyboard_interrupt_from_a_task_fails_that_task_only(backend, start_work
 def test_an_exception_wrapping_an_exception(backend, start_worker):
     worker = start_worker()
     result = std.fails_with_nested_error.enqueue().wait(timeout=WAIT)
-    assert result.status == TaskResultStatus.FAILED
-    assert_ran_once(result, worker)
-    with pytest.raises(ValueError, match="^Task failed$"):
-        result.return_value  # noqa: B018
+    error = assert_failed_once(result, worker, ValueError,
+                               "ValueError: conformance: the inner error")
     assert result._return_value is None
-    [error] = result.errors
-    assert error.exception_class is ValueError
-    # The raising line of the task's source, as Django's test checks, and the message.
+    # The raising line of the task's source, as Django's test checks.
     assert 'raise ValueError(ValueError("conformance: the inner error"))' in error.traceback
-    assert error.traceback.endswith("ValueError: conformance: the inner error\n")
 
 
 # -- context ----------------------------------------------------------------------------
