@@ -11,6 +11,7 @@ from django.tasks import TaskResultStatus
 
 from tests import tasks
 from tests.conftest import use_zookeeper
+from tests.waiting import wait_until
 
 RATE_LIMITS = {"paced": "5/s", "trickle": "1/h"}
 
@@ -65,3 +66,24 @@ def test_a_limited_queue_holds_only_its_own_jobs(backend, start_worker, zk_clien
     call_command("zktasks", "status", stdout=out)
     row = next(line for line in out.getvalue().splitlines() if line.split()[:1] == ["trickle"])
     assert row.split()[-1] == "1/h"
+
+
+def test_a_new_leader_keeps_the_limit_with_at_most_one_burst_more(backend, start_worker):
+    # The bucket lives in the leader's memory: a new leader starts with a full one (a
+    # burst: one job at 5/s) and then keeps the rate, it does not start the rest at once.
+    first = start_worker(name="first", queues=["paced"], concurrency=4)
+    wait_until(lambda: first.leader is not None and first.leader.is_leader, 15, "a leader")
+    second = start_worker(name="second", queues=["paced"], concurrency=4)
+    submitted = [tasks.add.using(queue_name="paced").submit(n, n) for n in range(8)]
+    submitted[2].wait(timeout=60)
+    first.stop(graceful=False)
+    assert first.wait_stopped(15)
+    done = [result.wait(timeout=60) for result in submitted]
+    assert [r.status for r in done] == [TaskResultStatus.SUCCESSFUL] * 8
+    assert second.leader.is_leader
+    assert any(r.worker_ids == [second.worker_id] for r in done)  # led by the second
+    first_submit = min(r.enqueued_at for r in done)
+    # Each job's last start (a job the first worker held runs again on the second; its
+    # earlier start is not kept, which only loosens the bound).
+    since = sorted((r.last_attempted_at - first_submit).total_seconds() for r in done)
+    assert all(s >= (k - 1) * 0.2 - 0.002 for k, s in enumerate(since)), since
