@@ -230,6 +230,35 @@ def stops_when_its_worker_is_lost(context, directory, limit):
     raise JobCancelled("its worker's session expired")
 
 
+@zk_task(takes_context=True)
+def notes_its_attempt(context, directory):
+    """Touches `{attempt}.ran` in `directory`: which attempts ran."""
+    Path(directory, f"{context.attempt}.ran").touch()
+    return context.attempt
+
+
+@zk_task(takes_context=True)
+def cancel_reaches_the_rerun(context, directory, limit):
+    """Attempt 1 waits for `release` (up to 6 × `limit` seconds), whatever it is asked.
+    Later attempts wait for cancel_requested() (noted in `rerun-asked`, then
+    JobCancelled) or return "not asked" after `limit` seconds."""
+    from zktasks import JobCancelled, cancel_requested
+
+    attempt = context.attempt
+    Path(directory, f"{attempt}.started").touch()
+    deadline = time.monotonic() + limit * (6 if attempt == 1 else 1)
+    if attempt == 1:
+        while not Path(directory, "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return attempt
+    while not cancel_requested():
+        if time.monotonic() > deadline:
+            return "not asked"
+        time.sleep(0.02)
+    Path(directory, "rerun-asked").touch()
+    raise JobCancelled("asked")
+
+
 @zk_task
 def fan_out(n):
     """Submits n follow-up jobs from inside a running job; returns their ids."""

@@ -61,6 +61,7 @@ class Commit:
     started: Latch = field(default_factory=Latch)  # an Event, cheaper (latch.py)
     refused: bool = False              # its start was refused: the job is not ours
     final: StatusRecord | None = None
+    finished: bool = False             # its outcome is settled (written or dropped)
     requeue: bool = False
     on_done: Callable[[bool], None] | None = None
     _final_ops: tuple | None = field(default=None, repr=False)
@@ -189,25 +190,37 @@ class Committer:
 
     def _loop(self) -> None:
         while not self._abandoned:
-            if not self._prepare():
-                time.sleep(0.5)  # ZooKeeper is away: the retries gave up; go round again
-                continue
-            with self._cond:
-                if self._abandoned:
+            try:
+                if not self._turn():
                     return
-                if self._busy:  # a runner writes a batch (wait_started): one at a time
-                    self._cond.wait()
-                    continue
-                batch = self._take()
-                if not batch:
-                    if self._closing and not self._waiting:
-                        return
-                    if not self._unprepared():
-                        self._cond.wait(self._wait_time())
-                    continue
-                self._busy = True
-            if not self._write(batch):
+            except Exception:
+                # Runners wait on this thread's latches without a timeout: it must not
+                # die. What it held is back in _waiting (_write) for the next turn.
+                logger.exception("committer thread error; going on")
                 time.sleep(0.5)
+
+    def _turn(self) -> bool:
+        """One pass of the committer thread; False when it is to end."""
+        if not self._prepare():
+            time.sleep(0.5)  # ZooKeeper is away: the retries gave up; go round again
+            return True
+        with self._cond:
+            if self._abandoned:
+                return False
+            if self._busy:  # a runner writes a batch (wait_started): one at a time
+                self._cond.wait()
+                return True
+            batch = self._take()
+            if not batch:
+                if self._closing and not self._waiting:
+                    return False
+                if not self._unprepared():
+                    self._cond.wait(self._wait_time())
+                return True
+            self._busy = True
+        if not self._write(batch):
+            time.sleep(0.5)
+        return True
 
     def _write(self, batch: list[_Op]) -> bool:
         """Flush a batch taken with _busy set, on whichever thread took it; then let the
@@ -216,9 +229,10 @@ class Committer:
         try:
             self._flush(batch)
         except Exception:
-            # Never lose a write: put it back; the committer thread tries again.
+            # Never lose a write: put back what is not settled yet (a batch retried job
+            # by job may have settled some), and the committer thread tries again.
             logger.exception("committer failed; retrying")
-            self._put_back(batch)
+            self._put_back([op for op in batch if not self._settled(op)])
             ok = False
         finally:
             with self._cond:
@@ -231,6 +245,10 @@ class Committer:
                 except Exception:
                     logger.exception("on_idle callback failed")
         return ok
+
+    @staticmethod
+    def _settled(op: _Op) -> bool:
+        return op.commit.start is None if op.kind == "start" else op.commit.finished
 
     def _unprepared(self) -> list[Commit]:
         return [c for c in self._waiting.values()
@@ -387,6 +405,7 @@ class Committer:
                                 c.worker_id, reason)
             c.started.set()
             return
+        c.finished = True
         if not ok:
             logger.warning("outcome dropped job=%s worker=%s reason=%s", c.job_id,
                            c.worker_id, reason)

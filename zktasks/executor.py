@@ -741,15 +741,20 @@ class ProcessRunner:
 
     def cancel(self, job_id: str, *, force: bool = False) -> None:
         with self._lock:
+            # Every slot that holds the job: after a lost session one slot may still run
+            # the abandoned first run while another runs the rerun (our new identity's),
+            # and the cancel is for the job, so for both.
+            held = False
             for slot in self.slots:
                 number = slot.queued.get(job_id)
                 if number is None:
                     continue
+                held = True
                 if slot.job_id == job_id:
                     if force and slot.reported():
                         # It has ended (its outcome waits in the pipe): killing now
                         # would kill the next job of its batch instead.
-                        return
+                        continue
                     slot.cancel(number, force=force)
                 else:
                     # Waiting behind another job of its batch: not run when its turn
@@ -758,9 +763,10 @@ class ProcessRunner:
                     slot.flag(number)
                     if force:
                         slot.forced.add(job_id)
-                return
-            # Not on a slot yet (between "started" and the hand-over): apply on arrival.
-            self._early_cancels[job_id] = force
+            if not held:
+                # Not on a slot yet (between "started" and the hand-over): apply on
+                # arrival.
+                self._early_cancels[job_id] = force
 
     def abandon_running(self) -> None:
         """Ask the runs on a slot now to stop (cancel_requested() turns True for them):

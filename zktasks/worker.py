@@ -174,6 +174,12 @@ class Worker:
         self._stopped = threading.Event()
         self._session: int | None = None
         self._lost = False
+        # Set on kazoo's thread the instant a session ends (LOST), long before the main
+        # loop may read its event; cleared once registered on the next session. kazoo
+        # delivers LOST before any reply on the next session, so a start that lands
+        # there (a retry of a write cut off by the expiry) is seen with this set, or
+        # after a new registration changed worker_id (_ready_to_run).
+        self._session_ended = False
         # Our assignments are watched by a persistent recursive watch where the client and
         # server allow it (connection.py): each assignment created or deleted arrives as
         # an event naming it, in order, and none costs a get_children. `_relist`: list
@@ -351,6 +357,7 @@ class Worker:
         if self.leader is not None:
             self.leader.identity = worker_id  # contend under the new identity next time
         self._lost = False
+        self._session_ended = False  # after worker_id changed: see _ready_to_run
         self._paused = False
         self._relist = True
         # Cancel requests first: a job handed to us may have one (_read_assignments).
@@ -450,6 +457,8 @@ class Worker:
     # -- events (kazoo's thread: never block, never call ZooKeeper) --------------------
 
     def _on_state(self, state) -> None:
+        if state == KazooState.LOST:
+            self._session_ended = True
         self._events.put(("state", state))
         if self.leader is not None:
             self.leader.on_state(state)
@@ -572,26 +581,18 @@ class Worker:
             logger.warning("ZooKeeper connection suspended worker=%s: starting nothing new",
                            self.worker_id)
         elif state == KazooState.LOST:
-            self._lost = True
-            self._paused = True
-            with self._cond:
-                self._ready.clear()
-                self._known.clear()
-            with self._changes_lock:
-                self._finishing.clear()
-                self._reassigned.clear()
-            with self._cond:
-                running = len(self._running)
-            logger.error("ZooKeeper session expired worker=%s: its jobs will be handed "
-                         "back; registering again", self.worker_id)
-            if running:
-                # The leader hands their jobs back and they run again: a task that
-                # checks cancel_requested() can stop now instead of running alongside
-                # its rerun (the failure it then reports is dropped, see _settle).
-                self.runner.abandon_running()
-                logger.warning("asked %d running job(s) of worker=%s to stop "
-                               "(zktasks.cancel_requested() is True for them)",
-                               running, self.worker_id)
+            client_id = self.client.client_id
+            if not self._lost and client_id is not None and client_id[0] == self._session:
+                # Stale: a CONNECTED queued before it found the next session and we
+                # registered there already (a busy main loop reads events late). kazoo
+                # reports a LOST while no session is live, so this one is not ours;
+                # taken as ours, it registered a second identity and left the first one
+                # alive and idle on this session, where the leader gave it jobs nobody
+                # would read.
+                logger.info("session-expired notice for an earlier session ignored "
+                            "worker=%s", self.worker_id)
+                return
+            self._drop_session()
         elif state == KazooState.CONNECTED:
             client_id = self.client.client_id
             if client_id is None:
@@ -599,7 +600,8 @@ class Worker:
                 # CONNECTED event (queued after its SUSPENDED) does this work.
                 return
             if self._lost or client_id[0] != self._session:
-                self._lost = True
+                if not self._lost:
+                    self._drop_session()  # its LOST is queued behind this event
                 self._register()  # on failure the main loop posts this event again
             else:
                 self._paused = False
@@ -610,6 +612,30 @@ class Worker:
                 self._events.put(("own", None))
             with self._cond:
                 self._cond.notify_all()
+
+    def _drop_session(self) -> None:
+        """Our session is gone: forget its jobs (the leader hands them back) and ask
+        their runs to stop; the next CONNECTED registers a new identity."""
+        self._lost = True
+        self._paused = True
+        with self._cond:
+            self._ready.clear()
+            self._known.clear()
+        with self._changes_lock:
+            self._finishing.clear()
+            self._reassigned.clear()
+        with self._cond:
+            running = len(self._running)
+        logger.error("ZooKeeper session expired worker=%s: its jobs will be handed "
+                     "back; registering again", self.worker_id)
+        if running:
+            # The leader hands their jobs back and they run again: a task that checks
+            # cancel_requested() can stop now instead of running alongside its rerun
+            # (the failure it then reports is dropped, see _settle).
+            self.runner.abandon_running()
+            logger.warning("asked %d running job(s) of worker=%s to stop "
+                           "(zktasks.cancel_requested() is True for them)",
+                           running, self.worker_id)
 
     def _watch_assignments(self, path: str) -> bool:
         """Arm the persistent watch on our assignments (again); False: one-shot watches
@@ -641,13 +667,19 @@ class Worker:
             # Changes noted until now are in the list; those after it arrive as events.
             with self._changes_lock:
                 self._changes = []
+            # Cleared before the list, not after: one set while it travels (_recorded,
+            # a job assigned to us again as it finished) must survive to list again.
+            self._relist = False
             try:
                 persistent = self._watch_assignments(path)
                 current = set(self.store.children(
                     path, watch=None if persistent else self._on_assignments))
             except TRANSIENT:
+                self._relist = True
                 return  # the state handler re-reads after reconnecting
-            self._relist = False
+            except BaseException:
+                self._relist = True
+                raise
             self._listed_at = time.monotonic()
             changes = (current, None)
         present, absent = changes
@@ -672,6 +704,9 @@ class Worker:
                 except TRANSIENT:
                     self._relist = True  # these changes are not read again as events
                     return
+                except BaseException:
+                    self._relist = True  # as above; the main loop reports the error
+                    raise
                 if found is None:
                     self._set_aside_orphan(worker_id, job_id)
                     continue
@@ -1005,6 +1040,14 @@ class Worker:
         self.committer.wait_started(commit, write=not backlog)
         if commit.refused:
             return None  # taken back (cancelled, or we were presumed dead): not ours
+        if self._session_ended or worker_id != self.worker_id:
+            # Recorded, but on a session after the one that holds this identity (a
+            # start cut off by the expiry and sent again on reconnection): the job had
+            # not begun, and the leader hands it back now that the identity is gone.
+            # Run here, it would run alongside that rerun (rule 3: start nothing new).
+            logger.warning("job not started: worker=%s lost its session as its start "
+                           "was recorded job=%s; it will be handed back", worker_id, job_id)
+            return None
         logger.info("job started job=%s task=%s attempt=%d worker=%s", job_id, running.task,
                     running.attempts, worker_id)
         call = None

@@ -8,6 +8,7 @@ from tests.pending import pending_nodes
 from tests.waiting import wait_for_data
 from zktasks import records
 from zktasks.committer import Committer
+from zktasks.exceptions import ZooKeeperUnavailableError
 
 
 def test_long_job_shows_running_before_it_ends(backend, start_worker, zk_client, tmp_path):
@@ -121,4 +122,55 @@ def test_a_runner_waiting_for_its_start_writes_the_waiting_batch_itself(backend,
     assert settled == [(True, threading.get_ident())]
     assert store.read_status(first.record.id).record.state == records.SUCCESSFUL
     assert store.read_status(second.record.id).record.state == records.RUNNING
+    assert committer.close(timeout=10)
+
+
+def test_an_error_after_part_of_a_batch_settled_puts_back_only_the_rest(
+        backend, zk_client, monkeypatch):
+    """A batch refused as a whole is committed again job by job. If ZooKeeper fails
+    after some of those landed, only the others go back in the queue: a settled start
+    put back had nothing left to write, and the committer thread died on it, leaving
+    every runner waiting on it for good."""
+    store, worker_id, [first, second] = _assigned_jobs(backend, zk_client, 2)
+    committer = Committer(store)
+    committer.start()
+    running = second.record.evolve(state=records.RUNNING, attempts=1,
+                                   worker_ids=(worker_id,), started_at=records.now())
+    started = committer.begin(worker_id, second.record.id, running.to_bytes(),
+                              second.version)
+    assert started.started.wait(30) and not started.refused
+    # The second job is taken back; its outcome's multi fails on the missing assignment,
+    # and asking whether its index bucket is gone meets a ZooKeeper that is away.
+    zk_client.delete(store.layout.assignment(worker_id, second.record.id))
+    real = store.forget_bucket_if_gone
+    calls = []
+
+    def away_once(index, failed):
+        calls.append(index)
+        if len(calls) == 1:
+            raise ZooKeeperUnavailableError("ZooKeeper is away (test)")
+        return real(index, failed)
+
+    monkeypatch.setattr(store, "forget_bucket_if_gone", away_once)
+    settled = threading.Event()
+    outcome = []
+    first_running = first.record.evolve(state=records.RUNNING, attempts=1,
+                                        worker_ids=(worker_id,), started_at=records.now())
+    with committer._cond:  # one batch: the first job's start, the second's outcome
+        begun = committer.begin(worker_id, first.record.id, first_running.to_bytes(),
+                                first.version)
+        final = running.evolve(state=records.SUCCESSFUL, finished_at=records.now())
+        committer.finish(started, final, requeue=False,
+                         on_done=lambda ok: (outcome.append(ok), settled.set()))
+    assert begun.started.wait(30) and not begun.refused
+    assert settled.wait(30), "the outcome was never settled"
+    assert outcome == [False]  # its assignment is gone: dropped, as before
+    assert len(calls) == 2  # asked again after the error
+    assert committer._thread.is_alive()
+    # And the thread goes on writing.
+    final = first_running.evolve(state=records.SUCCESSFUL, finished_at=records.now())
+    done = threading.Event()
+    committer.finish(begun, final, requeue=False, on_done=lambda ok: done.set())
+    assert done.wait(30)
+    assert store.read_status(first.record.id).record.state == records.SUCCESSFUL
     assert committer.close(timeout=10)
