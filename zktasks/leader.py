@@ -38,6 +38,7 @@ from .handler import inline_watch
 from .ratelimit import Buckets
 from .store import MAX_WORKER_LOSSES, TRANSIENT, Store, failures
 from .tree import (
+    QUEUE_RE,
     delayed_shards,
     is_delayed_shard,
     job_node_name,
@@ -533,18 +534,17 @@ class Leader:
                         # before (parsing them all was 5 % of the leading worker's CPU
                         # draining 6,000 jobs, bench --profile).
                         known = set(nodes or ())
-                        nodes = sorted(n for n in names if n in known or parse_job_node(n))
+                        nodes = sorted(n for n in names if n in known or (
+                            parse_job_node(n) and shard_of(n) == shard))
                         self._listed_at[key] = now
                         changed = True
                         foreign = set(names) - set(nodes) if len(nodes) < len(names) else ()
                         for name in foreign:
-                            self._move_aside(
-                                self.layout.shard_child(queue, shard, name),
-                                kind="foreign_name",
-                                reason=f"{name!r} in shard {queue}/{shard} is not a pending "
-                                       "job's name ('{100-priority:03d}-{job_id}').")
+                            self._move_foreign(queue, shard, name)
                 if not nodes and self._sweep(queue, shard, key):
                     gone.add(shard)
+                    if shard not in loaded:  # seen only now: the clean-up below skips it
+                        self._forget_shard(key)
                     continue
                 kept[shard] = nodes
                 count += len(nodes)
@@ -552,12 +552,30 @@ class Leader:
                 shards[:] = [s for s in shards if s not in gone]
             if changed or kept.keys() != loaded.keys():
                 for shard in loaded.keys() - kept.keys():
-                    self._listed_at.pop(f"s:{queue}/{shard}", None)
-                    self._born.pop(f"s:{queue}/{shard}", None)
-                    self._unwatch(f"s:{queue}/{shard}")
+                    self._forget_shard(f"s:{queue}/{shard}")
                 self.loaded[queue] = kept
                 self.pending[queue] = [n for nodes in kept.values() for n in nodes]
         self._stale.clear()
+
+    def _forget_shard(self, key: str) -> None:
+        self._listed_at.pop(key, None)
+        self._born.pop(key, None)
+        self._unwatch(key)
+
+    def _move_foreign(self, queue: str, shard: str, name: str) -> None:
+        """Move aside a name a shard should not hold. A job's name in another shard
+        than its own: assigning it deletes the path its name gives, so its multi failed
+        on every try, with the jobs planned beside it (a leader spinning on them)."""
+        parsed = parse_job_node(name)
+        if parsed is None:
+            reason = (f"{name!r} in shard {queue}/{shard} is not a pending job's name "
+                      "('{100-priority:03d}-{job_id}').")
+        else:
+            reason = (f"Pending job {name!r} was found in shard {queue}/{shard}; its name "
+                      f"belongs in shard {shard_of(name)!r}. Re-queueing the entry sends "
+                      "the job back to its right place.")
+        self._move_aside(self.layout.shard_child(queue, shard, name), kind="foreign_name",
+                         reason=reason, job_id=parsed[1] if parsed else None)
 
     def _sweep(self, queue: str, shard: str, key: str) -> bool:
         """Delete an empty shard if old enough; True if it is gone.
@@ -794,6 +812,16 @@ class Leader:
         try:
             info = records.loads(raw, path=path)
             queue, node = str(info["queue"]), str(info["node"])
+            # Checked here, not met as a ValueError building the path (which ended the
+            # term, and every next leader's at the same reconcile: no one assigned) or
+            # as a multi refused on every try (a queue with a '/').
+            if not QUEUE_RE.match(queue):
+                raise CorruptRecord(f"{queue!r} is not a queue name")
+            parsed = parse_job_node(node)
+            if parsed is None:
+                raise CorruptRecord(f"{node!r} is not a pending job's name")
+            if parsed[1] != job_id:
+                raise CorruptRecord(f"{node!r} names another job than {job_id!r}")
         except (CorruptRecord, KeyError) as exc:
             self._move_aside(path, raw=raw, version=stat.version, job_id=job_id,
                              kind="unreadable_assignment",

@@ -53,11 +53,17 @@ def last_tick(state: dict, path: str = "") -> datetime | None:
 def _update(store, name: str, change) -> bool:
     """Apply `change(state) -> new state or None (no change)`; return whether it wrote."""
     path = store.layout.schedule(name)
+    tried = None
     for _ in range(ATTEMPTS):
         state, version = read(store, name)
+        if tried is not None and state == tried:
+            # Our write landed, its answer lost with the connection: the retry met our
+            # own version (rule 4). Without this, pause() said "paused already".
+            return True
         new = change(dict(state))
         if new is None:
             return False
+        tried = new
         try:
             if version is None:
                 store.ensure_skeleton()

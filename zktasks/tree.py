@@ -185,7 +185,9 @@ def delayed_node_name(due_ms: int, priority: int, job_id: str, queue: str) -> st
 def parse_delayed_node(name: str) -> tuple[int, int, str, str] | None:
     """Return (due_ms, priority, job_id, queue), or None for a foreign name."""
     match = _DELAYED_RE.match(name)
-    if not match:
+    # A queue part no queue can have ('..', a '/'): promoting it made a multi ZooKeeper
+    # refused on every pass, and no delayed job due after it was promoted.
+    if not match or not QUEUE_RE.match(match.group(4)):
         return None
     return int(match.group(1)), 100 - int(match.group(2)), match.group(3), match.group(4)
 

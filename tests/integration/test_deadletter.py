@@ -152,24 +152,34 @@ def test_a_payload_signed_with_another_key_is_failed_noted_and_requeued_once_fix
         fixed.requeue_dead_letter(letter.name)
 
 
+@pytest.mark.parametrize("content", [
+    "\xff\xfe not json",
+    # Decodes, but names no pending job: building its path raised ValueError, which
+    # ended every leader's term at the same reconcile, so nothing was assigned at all.
+    '{"queue": "default", "node": "x"}',
+    # A queue with a '/': the requeue multi failed on every try, a full re-read each.
+    '{"queue": "a/b", "node": "100-{id}"}',
+    '{"queue": "default", "node": "100-%s"}' % ("0" * 32),  # another job's name
+], ids=["not-json", "bad-node", "bad-queue", "other-job"])
 def test_an_unreadable_assignment_of_a_vanished_worker_is_moved_aside_and_requeued(
-        backend, start_worker, zk_client, watched_logs):
+        backend, start_worker, zk_client, watched_logs, content):
     start_worker()
     run_normal_jobs()
     layout = backend.store.layout
     record, _ = backend.prepare(tasks.add, (2, 3), {})
     parked = layout.assignment("ghost-worker", record.id)
+    data = content.replace("{id}", record.id).encode("latin-1")
     txn = zk_client.transaction()
     txn.create(layout.status(record.id), record.to_bytes())
     txn.create(layout.worker_assignments("ghost-worker"), b"")
-    txn.create(parked, b"\xff\xfe not json")
+    txn.create(parked, data)
     assert not any(isinstance(r, Exception) for r in txn.commit())
     # A worker leaving makes the leader look for orphaned assignments.
     start_worker(lead=False).stop(graceful=False)
 
     letter = wait_for_entry(backend, zk_client, parked)
     assert letter.kind == "unreadable_assignment" and letter.job_id == record.id
-    assert letter.data == b"\xff\xfe not json"
+    assert letter.data == data
     assert zk_client.exists(parked) is None
     run_normal_jobs(base=10)
     assert backend.store.read_status(record.id).record.state == "READY"  # parked, not lost

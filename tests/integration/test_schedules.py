@@ -347,3 +347,35 @@ def test_a_corrupt_schedule_state_goes_to_the_dead_letters_and_the_schedule_tick
     assert [(e.kind, e.data) for e in letters] == [("corrupt_schedule", garbage)]
     assert "starts again from now" in letters[0].reason
     assert _rows(backend)["mangled"].note == ""  # its state is the leader's again
+
+
+def test_pause_and_resume_whose_answer_was_lost_say_what_they_did(backend, monkeypatch):
+    """The write lands, the answer is lost with the connection, and the retry meets our
+    own write (NodeExists, BadVersion): it was ours, so the call says it paused (or
+    resumed) instead of "paused already" ("not paused")."""
+    from kazoo.exceptions import ConnectionLoss
+
+    from zktasks import schedule_state
+
+    client = backend.store.client
+    path = backend.store.layout.schedule("beat")
+    for verb in ("create", "set"):
+        real = getattr(client, verb)
+        answers = []
+
+        def lands_then_connection_lost(*args, real=real, answers=answers, **kwargs):
+            result = real(*args, **kwargs)
+            if args[0] == path:
+                answers.append(result)
+                if len(answers) == 1:
+                    raise ConnectionLoss("the answer was lost (test)")
+            return result
+
+        monkeypatch.setattr(client, verb, lands_then_connection_lost)
+    # schedule_state's calls as they are (the backend's go through a bounded view).
+    store, schedule = backend.store, backend.schedule("beat")
+    assert schedule_state.pause(store, "beat") is True  # made the znode: create
+    assert schedule_state.pause(store, "beat") is False
+    assert schedule_state.resume(store, schedule) is True  # set
+    assert schedule_state.resume(store, schedule) is False
+    assert len(answers) == 1  # one set landed (its answer lost); the retry met BadVersion

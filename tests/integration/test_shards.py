@@ -302,3 +302,57 @@ def test_the_leader_keeps_a_new_shard_of_an_old_second_for_a_grace(backend, zk_c
         assert zk_client.exists(shard) is None
     finally:
         leader._release()
+
+
+def test_a_job_in_another_shard_than_its_name_s_is_moved_aside_not_spun_on(
+        backend, start_worker, zk_client):
+    """Assigning deletes the path a job's name gives; a node put by hand in an older
+    shard made that multi fail on every try, with every job planned beside it, while the
+    leader re-listed and re-sent without pause. It is moved aside (and can be re-queued
+    from there to its right place); the others run."""
+    layout = backend.store.layout
+    record, misplaced_result = backend.prepare(tasks.add, (20, 1), {},
+                                               job_id=job_id_at(NOW_MS - 120_000))
+    node = job_node_name(record.priority, record.id)
+    wrong_shard = shard_name(record.priority, job_id_at(NOW_MS - 180_000))
+    path = layout.shard_child("default", wrong_shard, node)
+    backend.store.ensure_queue("default")
+    zk_client.create(layout.status(record.id), record.to_bytes())
+    zk_client.create(path, b"", makepath=True)
+    start_worker(concurrency=2)
+    others = [tasks.add.submit(n, 1) for n in range(4)]
+    assert [r.wait(timeout=30).return_value for r in others] == [1, 2, 3, 4]
+    wait_until(lambda: zk_client.exists(path) is None, 30, "the misplaced node moved aside")
+    [letter] = [e for e in backend.dead_letters(50) if e.path == path]
+    assert letter.kind == "foreign_name" and letter.job_id == record.id
+    assert shard_name(record.priority, record.id) in letter.reason
+    assert backend.requeue_dead_letter(letter.name) == record.id
+    assert misplaced_result.wait(timeout=30).return_value == 21
+
+
+def test_shards_swept_when_first_seen_leave_nothing_behind_in_the_leader(
+        backend, zk_client, monkeypatch):
+    """Empty shards (a backlog cancelled, say) listed for the first time and swept at
+    once: the leader kept three entries per shard for the rest of its term."""
+    import zktasks.leader as leader_module
+
+    monkeypatch.setattr(leader_module, "SHARD_GRACE", 0.0)
+    layout = backend.store.layout
+    backend.store.ensure_queue("default")
+    shards = [shard_name(0, job_id_at(NOW_MS - 300_000 + k * 1000)) for k in range(5)]
+    for shard in shards:
+        zk_client.create(layout.shard("default", shard), b"", makepath=True)
+    stop = threading.Event()
+    leader = Leader(backend.store, "sweeper", stop=stop)
+    try:
+        assert leader.contend()
+        leader._tick()
+        assert zk_client.get_children(layout.queue("default")) == []
+        keys = {f"s:default/{shard}" for shard in shards}
+        assert not keys & set(leader._born), leader._born
+        assert not keys & set(leader._listed_at)
+        assert not keys & set(leader._watch_fns)
+    finally:
+        stop.set()
+        leader.cancel()
+        leader._release()

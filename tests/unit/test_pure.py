@@ -16,12 +16,15 @@ from zktasks.tree import (
     BUCKET_MS,
     bucket_expiry_ms,
     bucket_start,
+    delayed_node_name,
+    delayed_shards,
     finished_bucket,
     finished_leaf,
     finished_leaves,
     job_node_name,
     new_job_id,
     parse_bucket,
+    parse_delayed_node,
     parse_job_node,
 )
 
@@ -496,3 +499,12 @@ def test_runworker_leaves_a_configured_logger_alone(bare_logging):
     assert zk.level == logging.WARNING and zk.handlers == []
     kazoo = logging.getLogger("kazoo")  # not configured: still gets formatted lines
     assert kazoo.level == logging.WARNING and len(kazoo.handlers) == 1
+
+
+def test_a_delayed_name_whose_queue_no_queue_can_have_is_foreign():
+    job_id = new_job_id()
+    name = delayed_node_name(1_800_000_000_000, 0, job_id, "emails.v2")
+    assert parse_delayed_node(name) == (1_800_000_000_000, 0, job_id, "emails.v2")
+    for queue in ("..", ".", "a/b", ".hidden"):
+        name = delayed_node_name(1_800_000_000_000, 0, job_id, queue)
+        assert parse_delayed_node(name) is None and delayed_shards(name) is None
