@@ -350,6 +350,7 @@ class ZooKeeperBackend(BaseTaskBackend):
     def get_result(self, result_id):
         if not isinstance(result_id, str) or not is_job_id(result_id):
             raise JobNotFound(f"No job has the id {result_id!r}.")
+        self._release(result_id)
         store = self.store
         found = self._bounded(
             store, lambda: store.read_status(result_id),
@@ -444,6 +445,7 @@ class ZooKeeperBackend(BaseTaskBackend):
     def wait(self, job_id: str, timeout: float | None = None):
         """Block on the job's own status znode (rule 7: no herd) until it finishes."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._release(job_id)
         changed = threading.Event()
         wake = changed.set  # runs on kazoo's connection thread (handler.py): only signal
         with self._status_watch(job_id, wake) as on_change:
@@ -459,6 +461,7 @@ class ZooKeeperBackend(BaseTaskBackend):
         runs on a thread of its own, so the loop is never blocked."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._release(job_id)  # a commit_async: nothing here waits on ZooKeeper
         changed = asyncio.Event()
 
         def wake():
@@ -526,6 +529,12 @@ class ZooKeeperBackend(BaseTaskBackend):
         longest = 1.0 if found is _UNKNOWN else 60.0
         return None, min(remaining, longest) if remaining is not None else longest
 
+    def _release(self, job_id: str) -> None:
+        """Inside `pipelined()`, send the job if it still waits in the buffer."""
+        pipeline = pipeline_of(self)
+        if pipeline is not None:
+            pipeline.release(job_id)
+
     def cancel(self, job_id: str, *, force: bool = False) -> bool:
         """Cancel a job. Return True if it is cancelled now and will never run.
 
@@ -534,6 +543,7 @@ class ZooKeeperBackend(BaseTaskBackend):
         turn True (or, with force=True and the process pool, its task process is
         terminated); a job not started yet on that worker never starts.
         """
+        self._release(job_id)
         store = self.store
         return self._bounded(
             store, lambda: self._cancel(store, job_id, force),

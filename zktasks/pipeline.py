@@ -98,6 +98,11 @@ class SubmitPipeline:
         status_data = record.to_bytes()
         job_data = store.job_data(record)
         size = len(status_data) + len(job_data)
+        if self.buffer and self.buffer_bytes + size > BATCH_BYTES:
+            # Sent first, not with this job: the checks after the append let a buffer
+            # just under BATCH_BYTES take a job of up to a megabyte, and a multi over
+            # jute.maxbuffer makes the server drop this process's connection.
+            self._send_buffer()
         # Wait for room before queueing this job, not after: if the wait raises, this job
         # was neither buffered nor sent, so submitting it again makes no second job.
         self._make_room(record, size)
@@ -131,6 +136,14 @@ class SubmitPipeline:
         if receiver_error is not None:
             receiver_error.add_note(f"zktasks.pipelined(): {not_sent}")
             raise receiver_error
+
+    def release(self, job_id: str) -> None:
+        """Send the buffer now if it holds `job_id`. A job asked about (read, waited
+        for, cancelled) must be on its way: buffered, it was not found (JobNotFound),
+        yet written when the block ended, a job the caller failed to cancel then ran.
+        The read goes after the multi on the same session, so it sees it once landed."""
+        if any(job[0].id == job_id for job in self.buffer):
+            self._send_buffer()
 
     def _send_buffer(self) -> None:
         """Send the jobs waiting in one multi, without waiting for it."""

@@ -63,6 +63,17 @@ BULK_BYTES = 512_000
 BULK_JOBS = 500
 
 
+# Bytes a multi's create costs beyond its path and data, generously: op header, lengths,
+# flags, and the ACL (a digest ACL's id with AUTH set).
+MULTI_OP_BYTES = 128
+
+
+def request_bytes(creates) -> int:
+    """About how many bytes a multi of these (path, data) creates sends: what must stay
+    under jute.maxbuffer, which the server enforces on the whole request."""
+    return sum(len(path) + len(data) + MULTI_OP_BYTES for path, data in creates)
+
+
 def failures(results) -> list[tuple[int, Exception]]:
     """Return (index, error) of the ops that failed in a multi, ignoring roll-backs."""
     if results is LANDED:
@@ -287,15 +298,20 @@ class Store:
         status_data = record.to_bytes()
         job_data = self.job_data(record)
         unique_path = self.layout.unique_key(record.unique_key) if record.unique_key else None
-        self.check_size(record, len(status_data) + len(job_data))
+        unique_data = records.dumps({"job_id": record.id, "key": record.unique_key})
+        # The whole request counts against jute.maxbuffer, not the records alone: the
+        # key is in it twice, and a request over it drops the connection, retried until
+        # CONNECT_TIMEOUT instead of a PayloadTooLarge now.
+        self.check_size(record, request_bytes(
+            [(status_path, status_data), (job_path, job_data)]
+            + ([(unique_path, unique_data)] if unique_path else [])))
         self.ensure_queue(record.queue)
 
         def build(txn):
             txn.create(status_path, status_data)
             txn.create(job_path, job_data)
             if unique_path:
-                txn.create(unique_path, records.dumps({"job_id": record.id,
-                                                       "key": record.unique_key}))
+                txn.create(unique_path, unique_data)
 
         def landed():
             # The id is fresh and random: a status node with it can only be ours.
@@ -396,10 +412,10 @@ class Store:
                 raise ValueError("submit_many() does not take jobs with a unique key")
             status_data = record.to_bytes()
             job_data = self.job_data(record)
-            self.check_size(record, len(status_data) + len(job_data))
             item = (self.layout.status(record.id), status_data, self.waiting_path(record),
                     job_data)
-            cost = sum(len(part) for part in item) + 64  # paths, data, per-op framing
+            cost = request_bytes([item[:2], item[2:]])
+            self.check_size(record, cost)
             if chunks[-1] and (size + cost > BULK_BYTES or len(chunks[-1]) >= BULK_JOBS):
                 chunks.append([])
                 size = 0
@@ -429,6 +445,13 @@ class Store:
             if not failed:
                 return
             index, error = failed[0]
+            if index == 0 and isinstance(error, NodeExistsError):
+                # The ids are fresh and the chunk one multi: an earlier attempt, cut off
+                # by connection loss, landed, though landed() asked a server that had
+                # not applied it yet (another member of the ensemble, after a
+                # reconnection). Raising here told the caller nothing was written, and
+                # a caller that submitted again ran every job twice.
+                return
             if index % 2 == 1 and isinstance(error, NoNodeError):
                 self._skeleton_made = False  # delayed/ or jobs/ vanished: make them again
                 self.ensure_skeleton()

@@ -295,3 +295,56 @@ def test_in_memory_files_travel_by_value(backend, start_worker):
                   SimpleUploadedFile("r.csv", b"abc")):
         job = tasks.read_all.submit(value)
         assert job.wait(timeout=30).return_value in (b"abc", "abc"), type(value)
+
+
+def test_a_long_unique_key_counts_twice_against_the_request_limit(backend, zk_client):
+    """The key is in the record and again in its own znode, and the whole multi must
+    stay under jute.maxbuffer. Only the records were counted: a request over the
+    limit dropped the connection, again at every retry, until a ZooKeeperUnavailableError
+    ("may or may not have been submitted") instead of PayloadTooLarge at once."""
+    key = "k" * 600_000  # the record alone is under the 1,000,000-byte limit
+    with pytest.raises(PayloadTooLarge, match="reference"):
+        tasks.add.using(unique_key=key).submit(1, 2)
+    assert tree_is_empty(backend, zk_client)
+    assert tasks.add.using(unique_key="k" * 300_000).submit(1, 2).id  # both copies fit
+
+
+def test_submit_many_whose_answer_was_lost_reports_the_jobs_it_wrote(
+        backend, zk_client, monkeypatch):
+    """The chunk's multi lands, its answer is lost with the connection, and the server
+    the client reconnects to has not applied it yet (another member of an ensemble):
+    the check for an earlier landing finds nothing, the resend meets NodeExists. That
+    raised, telling the caller nothing was written; submitting again ran every job
+    twice."""
+    from kazoo.exceptions import ConnectionLoss
+
+    client = backend.store.raw_client
+    transaction, exists = client.transaction, client.exists
+    lost, lagging = [], []
+
+    def answer_lost():
+        txn = transaction()
+        commit = txn.commit
+
+        def commit_then_lose():
+            results = commit()
+            if not lost and not any(isinstance(r, Exception) for r in results):
+                lost.append(results)  # landed (a missing shard's NoNode is no landing)
+                raise ConnectionLoss("the answer was lost (test)")
+            return results
+
+        txn.commit = commit_then_lose
+        return txn
+
+    def behind_once(path, *args, **kwargs):
+        if lost and not lagging:
+            lagging.append(path)  # as a server that has not applied the multi yet
+            return None
+        return exists(path, *args, **kwargs)
+
+    monkeypatch.setattr(client, "transaction", answer_lost)
+    monkeypatch.setattr(client, "exists", behind_once)
+    results = tasks.add.submit_many([((1, 2), {}), ((3, 4), {})])
+    assert lost and lagging
+    assert [backend.get_result(r.id).status for r in results] == [TaskResultStatus.READY] * 2
+    assert len(pending_nodes(zk_client, backend.store.layout)) == 2

@@ -274,3 +274,81 @@ def test_an_error_in_the_block_names_the_jobs_not_confirmed(freezable_backend, o
     notes = "\n".join(getattr(raised.value, "__notes__", []))
     assert "may not have been written" in notes
     assert all(job_id in notes for job_id in returned), notes
+
+
+def _multi_sizes(client, monkeypatch) -> list[int]:
+    """Record the bytes (paths and data) of every multi the client sends."""
+    sizes = []
+    transaction = client.transaction
+
+    def recording():
+        txn = transaction()
+        commit_async = txn.commit_async
+
+        def commit_noted():
+            sizes.append(sum(len(op.path) + len(op.data or b"") for op in txn.operations))
+            return commit_async()
+
+        txn.commit_async = commit_noted
+        return txn
+
+    monkeypatch.setattr(client, "transaction", recording)
+    return sizes
+
+
+def _held(pipe, client):
+    """Make the pipeline see an earlier multi still unanswered: it buffers what comes."""
+    held = client.handler.async_result()
+    pipe.in_flight.append(([], held, 0))
+    return held
+
+
+def _let_go(pipe, held) -> None:
+    pipe.in_flight = type(pipe.in_flight)(entry for entry in pipe.in_flight
+                                          if entry[1] is not held)
+
+
+def test_a_big_job_after_a_buffered_one_goes_in_a_multi_of_its_own(backend, monkeypatch):
+    """The buffer was checked after a job joined it: one just under BATCH_BYTES took a
+    job of almost a megabyte, and a multi over jute.maxbuffer made the server drop the
+    process's connection (every request of every thread failed), then each job was
+    written again alone."""
+    client = backend.store.raw_client
+    states = []
+    client.add_listener(states.append)
+    sizes = _multi_sizes(client, monkeypatch)
+    try:
+        with zktasks.pipelined() as pipe:
+            held = _held(pipe, client)
+            small = tasks.add.submit("x" * 180_000, "")
+            assert len(pipe.buffer) == 1
+            big = tasks.add.submit("x" * 700_000, "")
+            _let_go(pipe, held)
+    finally:
+        client.remove_listener(states.append)
+    assert states == [] and pipe.resent == 0
+    assert len(sizes) == 2 and max(sizes) < 0xFFFFF, sizes
+    for result in (small, big):
+        assert backend.get_result(result.id).status == TaskResultStatus.READY
+
+
+def test_a_job_asked_about_inside_the_block_is_sent_first(backend):
+    """Still in the buffer, a job was not found (JobNotFound) by get_result(), wait()
+    and cancel(), yet written when the block ended: a job its caller failed to cancel
+    then ran."""
+    client = backend.store.raw_client
+    with zktasks.pipelined() as pipe:
+        held = _held(pipe, client)
+        first = tasks.add.submit(1, 1)
+        assert pipe.buffer
+        assert backend.get_result(first.id).status == TaskResultStatus.READY
+        second = tasks.add.submit(2, 2)
+        assert second.cancel() is True  # pending: cancelled, never runs
+        third = tasks.add.submit(3, 3)
+        with pytest.raises(TimeoutError):
+            third.wait(timeout=0.1)  # there, not finished (no worker runs)
+        assert not pipe.buffer
+        _let_go(pipe, held)
+    cancelled = backend.get_result(second.id)
+    assert cancelled.status == TaskResultStatus.FAILED
+    assert cancelled.errors[-1].exception_class_path == "zktasks.exceptions.JobCancelled"
