@@ -864,6 +864,12 @@ class ZooKeeperBackend(BaseTaskBackend):
         if letter.kind not in deadletter.HOLD_KINDS or not letter.job_id \
                 or not is_job_id(letter.job_id):
             return None
+        return self._bounded(
+            store, lambda: self._stranded_job(store, letter),
+            f"Whether dead-letter entry {letter.name!r} holds a job cannot be read now:",
+            "Try again once the ensemble answers.")
+
+    def _stranded_job(self, store: Store, letter):
         try:
             found = store.read_status(letter.job_id)
         except CorruptRecord:
@@ -884,9 +890,15 @@ class ZooKeeperBackend(BaseTaskBackend):
         this process's SIGNING_KEY does not verify, a job that succeeded, or one a worker
         holds or that is waiting already.
         """
+        store = self.store
+        return self._bounded(
+            store, lambda: self._requeue_dead_letter(store, name),
+            f"Re-queueing dead-letter entry {name!r} has an unknown outcome:",
+            "Look at the dead letters and the job again once the ensemble answers.")
+
+    def _requeue_dead_letter(self, store: Store, name: str) -> str:
         from . import deadletter
 
-        store = self.store
         letter = deadletter.read(store, name)
         if letter is None:
             raise DeadLetterRefused(f"No dead-letter entry {name!r} (re-queued or discarded "

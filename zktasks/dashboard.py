@@ -339,14 +339,18 @@ class Reader:
 
     def get(self, path: str):
         """Return (data, stat) of a znode, or None if it does not exist."""
+        # Bounded: a plain kazoo call waits for its answer without limit, and one sent
+        # again after a dropped connection waited for as long as ZooKeeper was away.
         try:
-            return self.store.retry(self.client.get, path, deadline=READ_DEADLINE)
+            with self.store.bounded(READ_DEADLINE):
+                return self.store.retry(self.store.client.get, path)
         except NoNodeError:
             return None
 
     def children(self, path: str) -> list[str]:
         try:
-            return self.store.retry(self.client.get_children, path, deadline=READ_DEADLINE)
+            with self.store.bounded(READ_DEADLINE):
+                return self.store.retry(self.store.client.get_children, path)
         except NoNodeError:
             return []
 

@@ -370,6 +370,9 @@ class DashboardViews:
             except RetryRefused as exc:  # says why (a unique key held, no payload)
                 messages.error(request, str(exc))
                 return HttpResponseRedirect(back)
+            except CorruptRecord as exc:  # turned corrupt since the confirm page: no 500
+                messages.error(request, f"Not done: {exc}")
+                return HttpResponseRedirect(back)
             except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
                 return self.unavailable(request, exc, title, "results")
             if done:
@@ -435,7 +438,10 @@ class DashboardViews:
             try:
                 backend = zk_backend(connected=True)
                 if confirmed:
-                    count = backend.purge(states=states, older_than=age)
+                    # Bounded: a web request answers (the banner) while ZooKeeper is
+                    # away; the CLI's purge waits instead.
+                    with backend.store.bounded():
+                        count = backend.purge(states=states, older_than=age)
                 else:
                     from .backend import purge_before_ms
 
@@ -472,6 +478,12 @@ class DashboardViews:
         if request.method == "POST":
             try:
                 ok = zk_backend(connected=True).drain_worker(worker_id)
+            except CorruptRecord as exc:
+                # Not a worker's znode zktasks wrote (the overview offers Drain for it
+                # all the same): say so, not a 500.
+                messages.error(request, f"Worker {worker_id} cannot be asked to drain: "
+                                        f"{exc}")
+                return HttpResponseRedirect(self.url("zktasks_overview"))
             except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
                 return self.unavailable(request, exc, title, "overview")
             if ok:
@@ -567,9 +579,10 @@ class DashboardViews:
             backend = zk_backend()
             _, live_context = self.live(backend, "" if after else "deadletter")
             reader = dashboard.Reader(backend)
-            letters = deadletter.listing(reader.store, dashboard.PAGE_SIZE + 1, after=after,
-                                         timeout=dashboard.READ_DEADLINE)
-            total = len(deadletter.names(reader.store))
+            with reader.store.bounded(dashboard.READ_DEADLINE * 2):
+                letters = deadletter.listing(reader.store, dashboard.PAGE_SIZE + 1,
+                                             after=after, timeout=dashboard.READ_DEADLINE)
+                total = len(deadletter.names(reader.store))
         except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
             return self.unavailable(request, exc, title, "deadletters")
         more = len(letters) > dashboard.PAGE_SIZE
@@ -622,7 +635,9 @@ class DashboardViews:
                 messages.warning(request, f"Dead-letter entry {name} was gone already.")
             return HttpResponseRedirect(back)
         try:
-            letter = deadletter.read(self.reader().store, name)
+            store = self.reader().store
+            with store.bounded(dashboard.READ_DEADLINE):
+                letter = deadletter.read(store, name)
         except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
             return self.unavailable(request, exc, title, "deadletters")
         if letter is None:

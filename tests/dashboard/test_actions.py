@@ -174,6 +174,24 @@ def test_drain_of_a_vanished_worker_says_so(admin_client, backend):
     assert admin_client.get(url("zktasks_drain", "gone-123")).status_code == 404
 
 
+def test_drain_of_a_worker_znode_zktasks_did_not_write_says_so(admin_client, backend,
+                                                              zk_client):
+    """The overview offers Drain for an unreadable worker znode; the POST was a 500."""
+    backend.store.ensure_skeleton()
+    zk_client.create(backend.store.layout.worker("w-bad"), b"not json", ephemeral=True)
+    assert "Yes, drain it" in admin_client.get(url("zktasks_drain", "w-bad")).content.decode()
+    response = follow(admin_client, url("zktasks_drain", "w-bad"))
+    assert any("cannot be asked to drain" in m for m in messages_of(response))
+    assert zk_client.get(backend.store.layout.worker("w-bad"))[0] == b"not json"
+
+
+def test_an_action_on_a_record_that_turned_corrupt_says_so(admin_client, backend, zk_client):
+    job = tasks.add.submit(1, 1)
+    zk_client.set(backend.store.layout.status(job.id), b"not json")
+    response = follow(admin_client, url("zktasks_job_cancel", job.id))
+    assert any(m.startswith("Not done:") for m in messages_of(response))
+
+
 @pytest.mark.parametrize("name", ["zktasks_job_retry", "zktasks_job_cancel"])
 def test_actions_need_a_csrf_token(backend, admin_user, name):
     job = tasks.add.submit(1, 1)

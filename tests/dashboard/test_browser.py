@@ -217,3 +217,31 @@ def test_dead_letters_appear_live_and_a_screenshot(page, live_server, start_work
     page.click("#zk-confirm")
     expect(page.locator(".messagelist .success")).to_contain_text("Discarded")
     expect(page.locator("tr.zk-deadletter")).to_have_count(2)
+
+
+def test_a_refresh_that_fails_keeps_the_page_and_says_why(page, live_server, backend):
+    """live.json answers, but the page's own read fails (503: another web process still
+    reconnecting, a read past its deadline). Its body was swapped in: the table gone,
+    the banner hidden, and nothing read again until the next change."""
+    from playwright.sync_api import expect
+
+    first = tasks.add.submit(1, 1)
+    page.goto(f"{live_server.url}/admin/zktasks/pending/?queue=default")
+    expect(page.locator("#zk-pending")).to_contain_text(first.id)
+
+    def unavailable(route):
+        if route.request.headers.get("x-requested-with") == "XMLHttpRequest":
+            route.fulfill(status=503, content_type="text/html",
+                          body='<div id="zk-region"><p>ZooKeeper unreachable.</p></div>')
+        else:
+            route.continue_()
+
+    pattern = "**/admin/zktasks/pending/*"
+    page.route(pattern, unavailable)
+    second = tasks.add.submit(2, 2)  # the pending topic changes: the region is read again
+    expect(page.locator("#zk-banner")).to_be_visible()
+    expect(page.locator("#zk-banner")).to_contain_text("HTTP 503")
+    expect(page.locator("#zk-pending")).to_contain_text(first.id)  # kept, not emptied
+    page.unroute(pattern, unavailable)
+    expect(page.locator("#zk-pending")).to_contain_text(second.id)  # read again
+    expect(page.locator("#zk-banner")).to_be_hidden()

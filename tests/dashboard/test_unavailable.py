@@ -132,3 +132,34 @@ def test_an_outage_mid_session_degrades_to_the_banner_and_recovers(admin_client,
 
     wait_until(two_pending, 20, "the live cache to see the job submitted after the outage")
     assert admin_client.get(url("zktasks_overview")).status_code == 200
+
+
+def test_a_frozen_server_gives_the_banner_not_a_hang(admin_client, settings, own_server,
+                                                    zk_root):
+    """A server that stops answering (SIGSTOP) while the client still counts itself
+    connected: reads of the tree browser and of a dead-letter entry, and a purge, waited
+    for the answer without limit, so the page hung for as long as the freeze lasted (and
+    then answered 200, as this test would see once its safety valve thaws the server)."""
+    import threading
+
+    settings.TASKS = zk_tasks_setting(own_server.hosts, zk_root, SESSION_TIMEOUT=60.0,
+                                      CONNECT_TIMEOUT=2.0)
+    tasks.add.submit(1, 1)
+    assert admin_client.get(url("zktasks_tree")).status_code == 200  # connected
+    requests = [
+        ("get", url("zktasks_tree") + "?path=/status"),
+        ("get", url("zktasks_deadletter_discard", "1795000000000-0123456789abcdef")),
+        ("post", url("zktasks_purge"), {"states": ["FAILED"], "confirm": "yes"}),
+    ]
+    own_server.pause()
+    # Not a synchronization: the valve only ends a hang (the test client's database
+    # connection is this thread's, so the requests cannot run on another).
+    valve = threading.Timer(45, own_server.resume)
+    valve.start()
+    try:
+        answers = {path: getattr(admin_client, method)(path, *data).status_code
+                   for method, path, *data in requests}
+    finally:
+        valve.cancel()
+        own_server.resume()
+    assert answers == {request[1]: 503 for request in requests}

@@ -19,6 +19,7 @@
   var PERIOD = 2000;
   var last = root.dataset.zkSig || null;
   var busy = false;
+  var retry = false;  // the last refresh of the region failed: do it again
 
   function lookup(data, path) {
     return path.split(".").reduce(function (value, key) {
@@ -59,8 +60,16 @@
       headers: { "X-Requested-With": "XMLHttpRequest" },
       cache: "no-store"
     }).then(function (response) {
+      if (!response.ok) {
+        // The page could not be read (a 503 and its banner, say, while live.json still
+        // answers): keep what is shown, say why, and read it again at the next poll.
+        // Swapped in, its body emptied the region and the banner stayed hidden.
+        retry = true;
+        throw new Error("this page could not be read (HTTP " + response.status + ")");
+      }
       return response.text();
     }).then(function (html) {
+      retry = false;
       var doc = new DOMParser().parseFromString(html, "text/html");
       var fresh = doc.getElementById("zk-region");
       var current = document.getElementById("zk-region");
@@ -97,7 +106,7 @@
       updateNumbers(data);
       if (!data.topics) { return null; }
       var sig = signature(data);
-      var changed = last !== null && sig !== last;
+      var changed = (last !== null && sig !== last) || retry;
       last = sig;
       return changed && topics.length ? refreshRegion() : null;
     }).catch(function (error) {
