@@ -25,7 +25,7 @@ from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.inspect import get_func_args
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from . import envelope, records, schedule_state, serialization, statuswatch
 from .client import get_client
@@ -805,6 +805,13 @@ class ZooKeeperBackend(BaseTaskBackend):
                     f"Job {record.id} was not sent back: its unique key "
                     f"{record.unique_key!r} is held by job {holder}, which has not "
                     "finished. Wait for it (or cancel it), then retry.")
+        if failed_ops and failed_ops[0][0] == 0 \
+                and isinstance(failed_ops[0][1], BadVersionError) \
+                and store.retry(store._written, status_path, data):
+            # Our earlier attempt landed (its answer lost with the connection) while
+            # landed() asked a server that had not applied it yet: the resend met our
+            # own version. This reply came after it, so the read is fresh now.
+            return True
         return not failed_ops
 
     # -- dead letters --------------------------------------------------------------------

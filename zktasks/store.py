@@ -298,7 +298,8 @@ class Store:
         status_data = record.to_bytes()
         job_data = self.job_data(record)
         unique_path = self.layout.unique_key(record.unique_key) if record.unique_key else None
-        unique_data = records.dumps({"job_id": record.id, "key": record.unique_key})
+        unique_data = records.dumps({"job_id": record.id, "key": record.unique_key}) \
+            if unique_path else b""
         # The whole request counts against jute.maxbuffer, not the records alone: the
         # key is in it twice, and a request over it drops the connection, retried until
         # CONNECT_TIMEOUT instead of a PayloadTooLarge now.

@@ -348,3 +348,51 @@ def test_submit_many_whose_answer_was_lost_reports_the_jobs_it_wrote(
     assert lost and lagging
     assert [backend.get_result(r.id).status for r in results] == [TaskResultStatus.READY] * 2
     assert len(pending_nodes(zk_client, backend.store.layout)) == 2
+
+
+def test_a_retry_whose_answer_was_lost_says_it_sent_the_job_back(
+        backend, start_worker, zk_client, monkeypatch):
+    """The retry's multi lands, its answer is lost, and the server asked whether it
+    landed has not applied it yet: the resend meets our own version (BadVersion), and
+    retry() said False ("not FAILED") for a job it had sent back."""
+    from kazoo.exceptions import ConnectionLoss
+
+    worker = start_worker()
+    job = tasks.boom.submit("once")
+    assert job.wait(timeout=30).status == TaskResultStatus.FAILED
+    worker.stop()
+    assert worker.wait_stopped(30)
+    store = backend.store
+    client, path = store.raw_client, store.layout.status(job.id)
+    stale = zk_client.get(path)
+    transaction, get = client.transaction, client.get
+    lost, lagging = [], []
+
+    def answer_lost():
+        txn = transaction()
+        commit = txn.commit
+
+        def commit_then_lose():
+            results = commit()
+            if not lost and not any(isinstance(r, Exception) for r in results):
+                lost.append(results)
+                raise ConnectionLoss("the answer was lost (test)")
+            return results
+
+        txn.commit = commit_then_lose
+        return txn
+
+    def behind_once(wanted, *args, **kwargs):
+        if wanted == path and lost and not lagging:
+            lagging.append(wanted)  # a server that has not applied the multi yet
+            return stale
+        return get(wanted, *args, **kwargs)
+
+    monkeypatch.setattr(client, "transaction", answer_lost)
+    monkeypatch.setattr(client, "get", behind_once)
+    # The backend's own calls go through a bounded view of the client; these are the
+    # same steps, on the client itself.
+    assert backend._retry(store, job.id) is True
+    assert lost and lagging
+    assert backend.get_result(job.id).status == TaskResultStatus.READY
+    assert len(pending_nodes(zk_client, store.layout)) == 1
