@@ -245,3 +245,32 @@ def test_a_refresh_that_fails_keeps_the_page_and_says_why(page, live_server, bac
     page.unroute(pattern, unavailable)
     expect(page.locator("#zk-pending")).to_contain_text(second.id)  # read again
     expect(page.locator("#zk-banner")).to_be_hidden()
+
+
+def test_an_opened_entry_stays_open_when_new_rows_come_above_it(page, live_server,
+                                                               start_worker, backend,
+                                                               zk_client):
+    """Open <details> were remembered by their place among the open ones and reopened by
+    place among all: a new dead letter on top closed the one being read and opened
+    another."""
+    from playwright.sync_api import expect
+
+    start_worker()  # its leader moves the garbage aside
+    tasks.add.submit(1, 1).wait(timeout=30)
+    layout = backend.store.layout
+    for name in ("first.csv", "second.csv"):
+        zk_client.create(layout.unsharded_job("default", name), f"{name} data".encode())
+    page.goto(f"{live_server.url}/admin/zktasks/deadletters/")
+    rows = page.locator("tr.zk-deadletter")
+    expect(rows).to_have_count(2)
+
+    def details(name):
+        return rows.filter(has_text=name).locator("details")
+
+    details("first.csv").locator("summary").click()
+    expect(details("first.csv")).to_have_js_property("open", True)
+    zk_client.create(layout.unsharded_job("default", "third.csv"), b"third.csv data")
+    expect(rows).to_have_count(3)
+    expect(details("first.csv")).to_have_js_property("open", True)
+    expect(details("second.csv")).to_have_js_property("open", False)
+    expect(details("third.csv")).to_have_js_property("open", False)

@@ -54,6 +54,10 @@
       .join("|");
   }
 
+  function detailsKey(el, i) {
+    return el.dataset.zkKey ? "key:" + el.dataset.zkKey : "place:" + i;
+  }
+
   function refreshRegion() {
     return fetch(window.location.href, {
       credentials: "same-origin",
@@ -74,13 +78,16 @@
       var fresh = doc.getElementById("zk-region");
       var current = document.getElementById("zk-region");
       if (!fresh || !current) { return; }
-      // Keep open <details> open across the swap.
-      var open = Array.prototype.map.call(current.querySelectorAll("details[open]"),
-        function (el, i) { return i; });
+      // Keep open <details> open across the swap, by their key (a dead letter's name,
+      // an error's number), else their place: rows come and go above them.
+      var open = {};
+      current.querySelectorAll("details").forEach(function (el, i) {
+        if (el.open) { open[detailsKey(el, i)] = true; }
+      });
       current.replaceChildren.apply(current, Array.prototype.slice.call(fresh.childNodes)
         .map(function (node) { return document.importNode(node, true); }));
       current.querySelectorAll("details").forEach(function (el, i) {
-        if (open.indexOf(i) !== -1) { el.open = true; }
+        if (open[detailsKey(el, i)]) { el.open = true; }
       });
       document.dispatchEvent(new CustomEvent("zktasks:refreshed"));
     });
