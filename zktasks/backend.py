@@ -470,6 +470,10 @@ class ZooKeeperBackend(BaseTaskBackend):
                 loop.call_soon_threadsafe(changed.set)
 
         step = sync_to_async(self._wait_step, thread_sensitive=False)
+        # This process's client, connected off the loop: the first use connects, waiting
+        # up to CONNECT_TIMEOUT (an unpickled result in a fresh ASGI worker stalled the
+        # loop that long); _status_watch below then finds it made.
+        await sync_to_async(lambda: self.store, thread_sensitive=False)()
         with self._status_watch(job_id, wake) as on_change:
             while True:
                 changed.clear()

@@ -655,14 +655,17 @@ class Leader:
                     self._note_schedule_error(schedule, error)
                 self._broken_schedules[schedule.name] = error
                 done = False
+            try:
+                next_at = schedule.next_tick(now).timestamp()
+            except Exception:  # raised above already, and noted: it must not end the term
+                next_at = math.inf
             if done:
                 self._broken_schedules.pop(schedule.name, None)
-                self._next_ticks[schedule.name] = schedule.next_tick(now).timestamp()
+                self._next_ticks[schedule.name] = next_at
             else:
                 # Not recorded: again soon. Waiting for the next tick would fold this
                 # one into it (a daily schedule would lose a day).
-                self._next_ticks[schedule.name] = min(
-                    time.time() + SCHEDULE_RETRY, schedule.next_tick(now).timestamp())
+                self._next_ticks[schedule.name] = min(time.time() + SCHEDULE_RETRY, next_at)
 
     def _run_schedule(self, schedule, now) -> bool:
         """Submit the schedule's due tick; return whether its state is up to date."""
@@ -752,7 +755,7 @@ class Leader:
                 return
             state.update(error=error[:SCHEDULE_ERROR_CHARS], error_at=records.now().isoformat())
             self.client.set(path, records.dumps(state), version=stat.version)
-        except (KazooException, CorruptRecord) as exc:
+        except Exception as exc:  # best effort; never what ends the leader's term
             logger.debug("schedule error not noted name=%s: %r", schedule.name, exc)
 
     def _tick_record(self, schedule, tick):

@@ -10,6 +10,7 @@ then the schedule goes on from now, the way cron daemons and Celery beat's defau
 """
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -18,7 +19,12 @@ from .exceptions import ConfigurationError
 
 _FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12),
            ("day of week", 0, 7))
-NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+# A znode name: no leading dot ('.' and '..' are not names ZooKeeper takes).
+NAME_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}$")
+EVERY_MAX = 10 * 366 * 86400  # seconds: a tick computed past it overflows datetime soon
+# The most days each month has (February's 29th comes every fourth year).
+_MONTH_DAYS = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31,
+               11: 30, 12: 31}
 
 
 def _parse_field(text: str, name: str, low: int, high: int) -> frozenset[int]:
@@ -64,6 +70,13 @@ class Cron:
         if len(parts) != 5:
             raise ValueError(f"{expression!r} has {len(parts)} fields; cron needs 5")
         sets = [_parse_field(p, *spec) for p, spec in zip(parts, _FIELDS, strict=True)]
+        days, months = sets[2], sets[3]
+        if parts[4] == "*" and not any(day <= _MONTH_DAYS[month]
+                                       for month in months for day in days):
+            # Checked here: the leader found it out by stepping through five years of
+            # minutes, at every tick, before giving up on it.
+            raise ValueError(f"{expression!r} never matches: none of its months has any "
+                             "of its days")
         return cls(expression, *sets, any_day=parts[2] == "*", any_weekday=parts[4] == "*")
 
     def matches(self, when: datetime) -> bool:
@@ -154,14 +167,24 @@ def parse_schedules(alias: str, raw) -> tuple[Schedule, ...]:
         if (every is None) == (cron is None):
             raise ConfigurationError(f"{here} needs exactly one of 'every' and 'cron'.")
         if every is not None and (isinstance(every, bool) or not isinstance(every, int | float)
-                                  or every < 1):
-            raise ConfigurationError(f"{here}['every'] is {every!r}; give seconds (>= 1).")
+                                  or not math.isfinite(every)
+                                  or not 1 <= every <= EVERY_MAX):
+            raise ConfigurationError(f"{here}['every'] is {every!r}; give seconds (>= 1, "
+                                     f"at most {EVERY_MAX:,}: ten years).")
         try:
             parsed = Cron.parse(cron) if cron is not None else None
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"{here}['cron'] is invalid: {exc}.") from exc
+        args, kwargs = spec.get("args", ()), spec.get("kwargs", {})
+        if not isinstance(args, list | tuple):
+            # A dict gave its keys and a string its letters as arguments, silently.
+            raise ConfigurationError(f"{here}['args'] is {args!r}; give a list of "
+                                     "positional arguments (keyword ones go in 'kwargs').")
+        if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            raise ConfigurationError(f"{here}['kwargs'] is {kwargs!r}; give a dict of "
+                                     "argument names to values.")
         schedules.append(Schedule(
             name=name, task=spec["task"], every=float(every) if every else None, cron=parsed,
-            args=tuple(spec.get("args") or ()), kwargs=dict(spec.get("kwargs") or {}),
+            args=tuple(args), kwargs=dict(kwargs),
         ))
     return tuple(schedules)

@@ -149,3 +149,35 @@ def test_arefresh_copies_what_get_result_gives(backend, start_worker):
     job, copy = asyncio.run(main())
     assert copy.extra == job.extra and copy.extra["attempts"] == 1
     assert copy.return_value == 5
+
+
+def test_await_result_connects_off_the_loop(backend, start_worker, monkeypatch):
+    """A result from elsewhere (unpickled in a fresh ASGI worker) may be the process's
+    first use of ZooKeeper: connecting, up to CONNECT_TIMEOUT, ran on the loop's thread
+    and stalled every coroutine of it meanwhile."""
+    import pickle
+    import threading
+
+    from zktasks import client as client_module
+
+    start_worker()
+    job = tasks.add.submit(2, 3)
+    copy = pickle.loads(pickle.dumps(job))
+    client_module.close_clients()  # as in a process that has not connected yet
+    started_on = []
+    start = client_module.start
+
+    def noting(*args, **kwargs):
+        started_on.append(threading.current_thread())
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(client_module, "start", noting)
+
+    async def main():
+        loop_thread = threading.current_thread()
+        finished = await copy.await_result(timeout=30)
+        return loop_thread, finished
+
+    loop_thread, finished = asyncio.run(main())
+    assert finished.return_value == 5
+    assert started_on and loop_thread not in started_on

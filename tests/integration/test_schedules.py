@@ -379,3 +379,26 @@ def test_pause_and_resume_whose_answer_was_lost_say_what_they_did(backend, monke
     assert schedule_state.resume(store, schedule) is True  # set
     assert schedule_state.resume(store, schedule) is False
     assert len(answers) == 1  # one set landed (its answer lost); the retry met BadVersion
+
+
+def test_a_schedule_whose_ticks_cannot_be_computed_does_not_stop_assignment(
+        backend, start_worker, monkeypatch, caplog):
+    """Its error is logged and it is tried again later; the leader's term goes on. The
+    next tick was computed outside the guard: the error ended every leader's term at its
+    first pass, and no job was assigned at all."""
+    import logging
+
+    from tests import tasks
+    from zktasks.schedules import Schedule
+
+    caplog.set_level(logging.INFO, logger="zktasks.leader")
+
+    def never(self, when):
+        raise ValueError(f"{self.name} never matches (test)")
+
+    monkeypatch.setattr(Schedule, "latest_tick", never)
+    monkeypatch.setattr(Schedule, "next_tick", never)
+    start_worker()
+    assert tasks.add.submit(1, 1).wait(timeout=30).return_value == 2
+    assert "schedule failed name=beat" in caplog.text
+    assert "leader failed" not in caplog.text

@@ -48,7 +48,31 @@ def test_every_ticks_and_deterministic_ids():
     ({"x": {"every": 5}}, "task"),
     ({"bad/name": {"task": "m.f", "every": 5}}, "names"),
     ({"x": {"task": "m.f", "every": 5, "typo": 1}}, "unknown keys"),
+    # Accepted before, and each one then ended every leader's term at its first pass
+    # (no job was assigned while it was configured), or ran the task with wrong
+    # arguments at every tick.
+    ({"x": {"task": "m.f", "cron": "0 0 30 2 *"}}, "never matches"),
+    ({"x": {"task": "m.f", "cron": "0 0 31 4,6,9,11 *"}}, "never matches"),
+    ({"x": {"task": "m.f", "every": float("nan")}}, "every"),
+    ({"x": {"task": "m.f", "every": float("inf")}}, "every"),
+    ({"x": {"task": "m.f", "every": 1e20}}, "every"),
+    ({"..": {"task": "m.f", "every": 5}}, "names"),
+    ({".": {"task": "m.f", "every": 5}}, "names"),
+    ({"x": {"task": "m.f", "every": 5, "args": 5}}, "'args'"),
+    ({"x": {"task": "m.f", "every": 5, "args": {"days": 7}}}, "'args'"),
+    ({"x": {"task": "m.f", "every": 5, "args": "reports"}}, "'args'"),
+    ({"x": {"task": "m.f", "every": 5, "kwargs": "ab"}}, "'kwargs'"),
+    ({"x": {"task": "m.f", "every": 5, "kwargs": {1: 2}}}, "'kwargs'"),
 ])
 def test_schedule_settings_errors_are_clear(raw, match):
     with pytest.raises(ConfigurationError, match=match):
         parse_schedules("default", raw)
+
+
+@pytest.mark.parametrize("cron", ["0 0 29 2 *", "0 0 30 2 1", "0 0 31 * *", "0 0 30 2,3 *"])
+def test_cron_days_that_some_month_has_are_valid(cron):
+    """Feb 29 comes every fourth year; day and weekday both given match either; a day
+    some listed month has is enough."""
+    [schedule] = parse_schedules("default", {"x": {"task": "m.f", "cron": cron}})
+    now = datetime(2026, 11, 24, tzinfo=UTC)
+    assert schedule.latest_tick(now) < now < schedule.next_tick(now)
