@@ -252,6 +252,9 @@ def _die_with_parent() -> None:
 
 
 _READY = "ready"  # a task process's first message: set up, waiting for runs
+# Signals a process group gets (Ctrl-C, a closed terminal, systemd's control-group stop):
+# a task process ignores them, and they are blocked from before its start until then.
+_GROUP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 READY_TIMEOUT = 120.0  # seconds a new task process may take to set up Django
 
 
@@ -264,8 +267,11 @@ def _child_main(conn, parent_pid: int, cancel_flags) -> None:
     # decides what stops (it drains, and kills a task process with SIGKILL when it must).
     # Taken by default, SIGTERM failed the running job with TaskProcessDied mid-drain;
     # SIGHUP (the terminal closed) did the same.
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for signum in _GROUP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    # Blocked by the parent around our start (Slot.ensure) and inherited: one sent while
+    # we booted is pending, and, ignored now, dropped as we unblock.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _GROUP_SIGNALS)
     signal.signal(signal.SIGALRM, _on_soft_timeout)
     from . import context
 
@@ -341,7 +347,15 @@ class _Slot:
             name=f"zktasks-task-{self.index}",
             daemon=True,
         )
-        self.process.start()
+        # Until _child_main ignores them, the group's SIGTERM or SIGINT killed a task
+        # process still booting, and the job about to be handed to it failed with
+        # TaskProcessDied though it never started. The mask is this thread's; the child
+        # inherits it through fork and exec.
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
+        try:
+            self.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         child.close()
         self.conn, self.ready, self.handed = parent, False, 0
 
@@ -453,14 +467,17 @@ class _Slot:
         return None
 
     def cancel(self, number: int, *, force: bool) -> None:
+        # Flagged in every case: the flags outlive task processes, and the one that runs
+        # `number` skips it if it has not started. Between processes (a respawn, a dying
+        # one being reaped) the request was dropped, or a kill hit the old process, and
+        # the run went ahead on the new one.
+        self.flag(number)
         process = self.process
         if process is None or not process.is_alive():
             return
         if force:
             self.cancelled, self.killed = True, process
             process.kill()
-        else:
-            self.flag(number)
 
     def flagged(self, number: int) -> bool:
         return self.cancel_flags[number % BATCH_MAX] == number

@@ -508,3 +508,35 @@ def test_a_delayed_name_whose_queue_no_queue_can_have_is_foreign():
     for queue in ("..", ".", "a/b", ".hidden"):
         name = delayed_node_name(1_800_000_000_000, 0, job_id, queue)
         assert parse_delayed_node(name) is None and delayed_shards(name) is None
+
+
+def test_a_drain_signal_is_acted_on_even_when_its_line_cannot_be_written():
+    """The handler wrote its line, then asked the worker to stop. A signal that came in
+    the middle of a write to stderr (a slow pipe: journald, docker) made that line raise
+    RuntimeError (a reentrant call), and the drain was never asked for."""
+    import signal
+
+    from zktasks.management.commands.runworker import Command
+
+    class Worker:
+        stops: list = []
+
+        def stop(self, *, graceful):
+            self.stops.append(graceful)
+
+    class Reentrant:
+        def write(self, text):
+            raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    command, worker = Command(), Worker()
+    command.stderr = Reentrant()
+    try:
+        command._install_signals(worker)
+        handler = signal.getsignal(signal.SIGTERM)
+        handler(signal.SIGTERM, None)
+        handler(signal.SIGTERM, None)
+    finally:
+        for signum, previous in saved.items():
+            signal.signal(signum, previous)
+    assert worker.stops == [True, False]  # drain, then stop at once

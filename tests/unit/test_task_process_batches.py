@@ -197,3 +197,21 @@ def test_waiting_for_task_processes_ends_when_the_worker_is_stopped(monkeypatch)
         assert runner.wait_ready(abort) is False
     finally:
         runner.stop(force=True)
+
+
+def test_a_cancel_while_the_slot_starts_a_new_task_process_is_kept(runner, monkeypatch):
+    """Between task processes (the last one crashed, the next not started yet) a cancel
+    of the job on its way to the slot was dropped, and the job ran."""
+    slot = runner.slots[0]
+    assert not runner.run(execution(tasks.exit_hard, 3)).ok  # its process is gone
+    job = execution(tasks.add, 1, 1)
+    ensure = slot.ensure
+
+    def cancelled_meanwhile():
+        runner.cancel(job.job_id)  # on the slot already; no process to ask
+        ensure()
+
+    monkeypatch.setattr(slot, "ensure", cancelled_meanwhile)
+    outcome = runner.run(job)
+    assert not outcome.ok and outcome.error.exception_class_path == CANCELLED
+    assert "before its task started" in outcome.error.message

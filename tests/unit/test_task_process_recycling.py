@@ -89,3 +89,19 @@ def test_a_replaced_process_held_up_by_a_thread_is_killed(make_runner, monkeypat
 def test_threads_have_no_process_to_replace():
     with pytest.raises(ValueError, match="--pool process"):
         executor.make_runner("thread", 4, max_tasks=10)
+
+
+def test_a_group_signal_while_a_task_process_boots_costs_no_job(make_runner):
+    """systemd's control-group stop and Ctrl-C signal every process of the group. A task
+    process ignores them once set up; one still booting (just replaced) died of them,
+    and the job handed to it next failed with TaskProcessDied though it never ran."""
+    import signal
+
+    runner = make_runner(max_tasks=1)
+    first = value(runner.run(execution(tasks.pid)))  # replaced at once: the next boots
+    booting = runner.slots[0].process
+    assert booting.pid != first
+    os.kill(booting.pid, signal.SIGTERM)
+    os.kill(booting.pid, signal.SIGINT)
+    os.kill(booting.pid, signal.SIGHUP)
+    assert value(runner.run(execution(tasks.pid))) == booting.pid

@@ -140,18 +140,22 @@ class Command(BaseCommand):
         def say(text: str) -> None:
             try:
                 self.stderr.write(text)
-            except OSError:  # the terminal is gone (SIGHUP): the stop matters, not the line
+            except Exception:
+                # The terminal is gone (SIGHUP, OSError), or the signal came in the middle
+                # of a write to the same stream (RuntimeError: reentrant call): the stop
+                # matters, not the line.
                 pass
 
         def on_signal(signum, frame):
             count["n"] += 1
             name = signal.Signals(signum).name
+            # The stop first, then the line: nothing said can keep it from being asked.
             if count["n"] == 1:
-                say(f"{name}: draining (send again to stop at once)")
                 worker.stop(graceful=True)
+                say(f"{name}: draining (send again to stop at once)")
             else:
-                say(f"{name}: stopping now")
                 worker.stop(graceful=False)
+                say(f"{name}: stopping now")
 
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_signal)
