@@ -309,18 +309,12 @@ def test_a_long_unique_key_counts_twice_against_the_request_limit(backend, zk_cl
     assert tasks.add.using(unique_key="k" * 300_000).submit(1, 2).id  # both copies fit
 
 
-def test_submit_many_whose_answer_was_lost_reports_the_jobs_it_wrote(
-        backend, zk_client, monkeypatch):
-    """The chunk's multi lands, its answer is lost with the connection, and the server
-    the client reconnects to has not applied it yet (another member of an ensemble):
-    the check for an earlier landing finds nothing, the resend meets NodeExists. That
-    raised, telling the caller nothing was written; submitting again ran every job
-    twice."""
+def _lose_the_first_landed_answer(client, monkeypatch) -> list:
+    """The first multi that lands has its answer lost with the connection (ConnectionLoss
+    after the write); return the list its results go in."""
     from kazoo.exceptions import ConnectionLoss
 
-    client = backend.store.raw_client
-    transaction, exists = client.transaction, client.exists
-    lost, lagging = [], []
+    transaction, lost = client.transaction, []
 
     def answer_lost():
         txn = transaction()
@@ -336,14 +330,35 @@ def test_submit_many_whose_answer_was_lost_reports_the_jobs_it_wrote(
         txn.commit = commit_then_lose
         return txn
 
-    def behind_once(path, *args, **kwargs):
-        if lost and not lagging:
-            lagging.append(path)  # as a server that has not applied the multi yet
-            return None
-        return exists(path, *args, **kwargs)
-
     monkeypatch.setattr(client, "transaction", answer_lost)
-    monkeypatch.setattr(client, "exists", behind_once)
+    return lost
+
+
+def _behind_once(client, monkeypatch, verb: str, lost: list, answer, path=None) -> list:
+    """After that loss, the first `verb` read (of `path`, if given) answers `answer`, as a
+    member of the ensemble that has not applied the multi yet; return the paths so read."""
+    read, lagging = getattr(client, verb), []
+
+    def behind(wanted, *args, **kwargs):
+        if lost and not lagging and path in (None, wanted):
+            lagging.append(wanted)
+            return answer
+        return read(wanted, *args, **kwargs)
+
+    monkeypatch.setattr(client, verb, behind)
+    return lagging
+
+
+def test_submit_many_whose_answer_was_lost_reports_the_jobs_it_wrote(
+        backend, zk_client, monkeypatch):
+    """The chunk's multi lands, its answer is lost with the connection, and the server
+    the client reconnects to has not applied it yet (another member of an ensemble):
+    the check for an earlier landing finds nothing, the resend meets NodeExists. That
+    raised, telling the caller nothing was written; submitting again ran every job
+    twice."""
+    client = backend.store.raw_client
+    lost = _lose_the_first_landed_answer(client, monkeypatch)
+    lagging = _behind_once(client, monkeypatch, "exists", lost, None)
     results = tasks.add.submit_many([((1, 2), {}), ((3, 4), {})])
     assert lost and lagging
     assert [backend.get_result(r.id).status for r in results] == [TaskResultStatus.READY] * 2
@@ -355,8 +370,6 @@ def test_a_retry_whose_answer_was_lost_says_it_sent_the_job_back(
     """The retry's multi lands, its answer is lost, and the server asked whether it
     landed has not applied it yet: the resend meets our own version (BadVersion), and
     retry() said False ("not FAILED") for a job it had sent back."""
-    from kazoo.exceptions import ConnectionLoss
-
     worker = start_worker()
     job = tasks.boom.submit("once")
     assert job.wait(timeout=30).status == TaskResultStatus.FAILED
@@ -365,31 +378,8 @@ def test_a_retry_whose_answer_was_lost_says_it_sent_the_job_back(
     store = backend.store
     client, path = store.raw_client, store.layout.status(job.id)
     stale = zk_client.get(path)
-    transaction, get = client.transaction, client.get
-    lost, lagging = [], []
-
-    def answer_lost():
-        txn = transaction()
-        commit = txn.commit
-
-        def commit_then_lose():
-            results = commit()
-            if not lost and not any(isinstance(r, Exception) for r in results):
-                lost.append(results)
-                raise ConnectionLoss("the answer was lost (test)")
-            return results
-
-        txn.commit = commit_then_lose
-        return txn
-
-    def behind_once(wanted, *args, **kwargs):
-        if wanted == path and lost and not lagging:
-            lagging.append(wanted)  # a server that has not applied the multi yet
-            return stale
-        return get(wanted, *args, **kwargs)
-
-    monkeypatch.setattr(client, "transaction", answer_lost)
-    monkeypatch.setattr(client, "get", behind_once)
+    lost = _lose_the_first_landed_answer(client, monkeypatch)
+    lagging = _behind_once(client, monkeypatch, "get", lost, stale, path)
     # The backend's own calls go through a bounded view of the client; these are the
     # same steps, on the client itself.
     assert backend._retry(store, job.id) is True

@@ -220,6 +220,12 @@ def test_a_task_that_raises_is_failed_with_its_error(backend, start_worker):
     assert result.args == [] and result.kwargs == {}
 
 
+def assert_the_worker_goes_on(worker) -> None:
+    after = std.answer.enqueue().wait(timeout=WAIT)
+    assert after.status == TaskResultStatus.SUCCESSFUL and after.return_value == 42
+    assert after.worker_ids == [worker.worker_id]
+
+
 @pytest.mark.parametrize("pool", ["thread", "process"])
 def test_system_exit_fails_the_task_and_the_worker_goes_on(backend, start_worker, pool):
     """Django's ImmediateBackend records a SystemExit as the task's failure; on a worker it
@@ -228,9 +234,7 @@ def test_system_exit_fails_the_task_and_the_worker_goes_on(backend, start_worker
     result = std.exits.enqueue().wait(timeout=WAIT)
     assert_failed_once(result, worker, SystemExit,
                        "SystemExit: conformance: the task called exit")
-    after = std.answer.enqueue().wait(timeout=WAIT)
-    assert after.status == TaskResultStatus.SUCCESSFUL and after.return_value == 42
-    assert after.worker_ids == [worker.worker_id]
+    assert_the_worker_goes_on(worker)
 
 
 @pytest.mark.parametrize("pool", ["thread", "process"])
@@ -244,9 +248,7 @@ def test_keyboard_interrupt_from_a_task_fails_that_task_only(backend, start_work
     result = std.interrupts.enqueue().wait(timeout=WAIT)
     assert_failed_once(result, worker, KeyboardInterrupt,
                        "KeyboardInterrupt: conformance: the task raised KeyboardInterrupt")
-    after = std.answer.enqueue().wait(timeout=WAIT)
-    assert after.status == TaskResultStatus.SUCCESSFUL and after.return_value == 42
-    assert after.worker_ids == [worker.worker_id]
+    assert_the_worker_goes_on(worker)
 
 
 def test_an_exception_wrapping_an_exception(backend, start_worker):
