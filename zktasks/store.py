@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kazoo.exceptions import (
+    AuthFailedError,
     BadVersionError,
     ConnectionLoss,
     NodeExistsError,
@@ -102,6 +103,8 @@ class Store:
         self._buckets_made: set[str] = set()
         self._skeleton_made = False
         self._multi_read: bool | None = None  # whether the server answers multiRead
+        self._multi_read_probe = None  # the multiRead asking it, until answered
+        self._probe_lock = threading.Lock()
         self._persistent_ok = True  # until a server or client could not
 
     # -- plumbing ------------------------------------------------------------------
@@ -520,21 +523,49 @@ class Store:
         return result
 
     def _multi_read_works(self, path: str) -> bool:
-        """Whether the server answers multiRead; asked once per store.
+        """Whether to send multiRead now: True once the server has answered one.
 
-        A server before 3.6 drops a request of an opcode it does not know without a
-        reply (kazoo then drops the connection at the next reply, whose xid does not
-        match): so the first multiRead is a probe with a deadline, and whatever it does
-        not answer settles the question for this process.
+        A server before 3.6 does not know the opcode: it answers UnimplementedError, or
+        drops the request unanswered and kazoo fails it at the next reply, whose xid
+        does not match (RuntimeError, and the connection drops). So the first call sends
+        a probe and waits a few seconds for it; only what the server does with it
+        decides (_multi_read_probed). Until then, False: this call reads one by one.
+
+        A probe sent while kazoo reconnects waits in its queue, and one sent to a frozen
+        server waits unanswered, then fails with the connection: taking either for an
+        answer turned multiRead and persistent watches off for the life of the process.
         """
-        if self._multi_read is None:
-            probe = get_many_async(self.raw_client, [path])
-            try:
-                probe.get(timeout=min(5.0, self.options.session_timeout))
+        with self._probe_lock:
+            if self._multi_read is not None:
+                return self._multi_read
+            if self._multi_read_probe is not None:
+                return False  # asked, not answered yet: not worth another wait
+            probe = self._multi_read_probe = get_many_async(self.raw_client, [path])
+        probe.rawlink(self._multi_read_probed)  # decides once answered, however late
+        probe.wait(min(5.0, self.options.session_timeout))
+        self._multi_read_probed(probe)  # at once, not when kazoo's thread gets to it
+        return self._multi_read is True
+
+    def _multi_read_probed(self, probe) -> None:
+        """Settle the question by the probe's outcome, if it has one; a probe the
+        connection cut off settles nothing, and the next call asks again."""
+        if not probe.ready():
+            return
+        failure = probe.exception
+        with self._probe_lock:
+            if self._multi_read_probe is not probe:
+                return  # settled already
+            self._multi_read_probe = None
+            if failure is None:
                 self._multi_read = True
-            except Exception as exc:  # no answer, a reset connection, a reply it garbled
-                self._no_multi_read(exc)
-        return self._multi_read
+                return
+            if isinstance(failure, (*TRANSIENT, AuthFailedError)):
+                logger.info("a multiRead probe got no answer (%r): asking again later",
+                            failure)
+                return
+        # UnimplementedError, the RuntimeError of an unanswered opcode, a reply that
+        # does not parse.
+        self._no_multi_read(failure)
 
     def watch_persistently(self, path: str, func) -> bool:
         """Arm (again) a persistent recursive watch on `path` calling `func` (an
@@ -552,7 +583,12 @@ class Store:
                 reason = "this client's connection handler is kazoo's own"
             except TRANSIENT:
                 raise
-            except Exception as exc:  # UnimplementedError, no answer in time
+            except self.raw_client.handler.timeout_exception:
+                # No answer, from a server that answered multiRead (3.6+, as addWatch):
+                # sent while kazoo reconnects, or to a frozen server. One-shot watches
+                # this time; the next call asks again.
+                return False
+            except Exception as exc:  # UnimplementedError
                 reason = repr(exc)
             self._persistent_ok = False
             logger.warning("no persistent watches (%s): assignments are listed on every "
@@ -566,7 +602,7 @@ class Store:
         if self._multi_read is not False:
             self._multi_read = False
             logger.warning(
-                "ZooKeeper did not answer a multiRead (%r): status records are read one "
+                "ZooKeeper cannot answer a multiRead (%r): status records are read one "
                 "by one in this process. ZooKeeper 3.6 and newer answer it; once the "
                 "ensemble is upgraded, restart the workers.", exc)
 
