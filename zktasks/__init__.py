@@ -5,6 +5,7 @@ The public API is `__all__`; everything else is internal.
 
 from .exceptions import (
     ConfigurationError,
+    CorruptRecord,
     DeadLetterRefused,
     InvalidTaskError,
     JobCancelled,
@@ -12,6 +13,7 @@ from .exceptions import (
     PayloadTooLarge,
     PayloadVerificationError,
     Retry,
+    RetryRefused,
     ScheduleNotFound,
     SerializationError,
     TaskProcessDied,
@@ -30,6 +32,7 @@ __all__ = [
     "ZkTaskResult",
     "ZkTasksError",
     "ConfigurationError",
+    "CorruptRecord",
     "DeadLetterRefused",
     "InvalidTaskError",
     "JobCancelled",
@@ -37,6 +40,7 @@ __all__ = [
     "PayloadTooLarge",
     "PayloadVerificationError",
     "Retry",
+    "RetryRefused",
     "ScheduleNotFound",
     "SerializationError",
     "TaskProcessDied",

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 import weakref
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -48,6 +48,7 @@ from .store import Store, failures, mark_draining
 from .task import UnloadableValue, ZkTask, ZkTaskResult
 from .tree import (
     BUCKET_MS,
+    DUE_MS_LIMIT,
     QUEUE_RE,
     delayed_node_name,
     is_job_id,
@@ -199,6 +200,11 @@ class ZooKeeperBackend(BaseTaskBackend):
                     f"run_after must be an aware datetime. {task.run_after!r} is naive; "
                     "use e.g. django.utils.timezone.now() + timedelta(minutes=5)."
                 )
+            if _aware(task.run_after).timestamp() * 1000 >= DUE_MS_LIMIT:
+                raise InvalidTaskError(
+                    f"run_after {task.run_after!r} is too far ahead: it must be before "
+                    f"{datetime.fromtimestamp(DUE_MS_LIMIT / 1000, UTC):%Y-%m-%d %H:%M} UTC "
+                    "(delayed jobs are named by their due time in milliseconds).")
         queue = task.queue_name
         if not isinstance(queue, str) or not QUEUE_RE.match(queue):
             raise InvalidTaskError(
@@ -545,7 +551,8 @@ class ZooKeeperBackend(BaseTaskBackend):
         A job no worker holds is failed at once (JobCancelled). A job a worker holds is
         asked to stop, and False is returned: the task sees `zktasks.cancel_requested()`
         turn True (or, with force=True and the process pool, its task process is
-        terminated); a job not started yet on that worker never starts.
+        terminated); a job not started yet on that worker never starts. A finished job:
+        True if it was cancelled before, False otherwise.
         """
         self._release(job_id)
         store = self.store
@@ -566,7 +573,8 @@ class ZooKeeperBackend(BaseTaskBackend):
         if record.state != records.READY:
             self._request_cancel(store, job_id, force)
             return False
-        final = _cancelled(record, f"Job {job_id!r} was cancelled before it ran.")
+        final = _cancelled(record, f"Job {job_id!r} was cancelled before it ran.",
+                           store.options.max_record_bytes)
         if self._fail_cancelled(store, found, final,
                                 [(path, -1) for path in _waiting_places(store, record)]):
             return True
@@ -607,7 +615,8 @@ class ZooKeeperBackend(BaseTaskBackend):
                     continue
                 ready.append((found, _cancelled(
                     found.record, f"Job {job_id!r} was cancelled with the rest of queue "
-                                  f"{queue!r} before it ran."), place(name)))
+                                  f"{queue!r} before it ran.",
+                    store.options.max_record_bytes), place(name)))
             for chunk in _bulk_chunks(ready):
                 if len(chunk) > 1 and self._fail_all_cancelled(store, chunk):
                     cancelled += len(chunk)
@@ -852,7 +861,7 @@ class ZooKeeperBackend(BaseTaskBackend):
         job_id = found.record.id
         final = _cancelled(found.record, f"Job {job_id!r} was discarded with dead-letter "
                                          f"entry {name}, the only place it waited; it "
-                                         "will not run.")
+                                         "will not run.", store.options.max_record_bytes)
         if not self._fail_cancelled(store, found, final,
                                     [(store.layout.dead_letter(name), letter.version)]):
             raise DeadLetterRefused(f"Job {job_id} or entry {name} changed meanwhile "
@@ -1138,14 +1147,14 @@ def _bulk_chunks(ready):
         yield chunk
 
 
-def _cancelled(record: StatusRecord, message: str) -> StatusRecord:
-    """`record` failed with JobCancelled(message), finished now."""
+def _cancelled(record: StatusRecord, message: str, limit: int) -> StatusRecord:
+    """`record` failed with JobCancelled(message), finished now, fitted in `limit` bytes."""
     return record.evolve(
         state=records.FAILED, finished_at=records.now(),
         errors=record.errors + (records.ErrorRecord(
             exception_class_path=f"{JobCancelled.__module__}.{JobCancelled.__qualname__}",
             message=message, traceback=message + "\n"),),
-    )
+    ).fit(limit)
 
 
 def purge_before_ms(older_than: timedelta | None) -> int:

@@ -286,11 +286,14 @@ class Committer:
             if commit.start is None and commit._final_ops is None:
                 continue  # _prepare works it out first, outside the lock
             op = self._op(commit)
+            # Checked before adding: two large records (a RUNNING record holds its
+            # payload) could otherwise make one request over jute.maxbuffer, which the
+            # server answers by dropping the connection, again at every retry.
+            if ops and (size + len(op.data) > MAX_BATCH_BYTES or len(ops) >= MAX_BATCH_JOBS):
+                break
             ops.append(op)
             size += len(op.data)
             del self._waiting[key]
-            if size >= MAX_BATCH_BYTES or len(ops) >= MAX_BATCH_JOBS:
-                break
         return ops
 
     def _op(self, commit: Commit) -> _Op:

@@ -10,12 +10,17 @@ from django.conf import settings
 from django.tasks.base import DEFAULT_TASK_QUEUE_NAME
 
 from .exceptions import ConfigurationError
+from .tree import is_znode_name
 
 # jute.maxbuffer defaults to 0xfffff bytes; a request over it is answered by closing the
 # connection, which kazoo retries forever. Leave room for the rest of a multi's request.
 DEFAULT_MAX_RECORD_BYTES = 1_000_000
+JUTE_MAXBUFFER = 0xFFFFF
+# The largest MAX_RECORD_BYTES: a record's multi also carries its path, the index entry,
+# the assignment it deletes and a running record's few more fields (a few hundred bytes).
+MAX_RECORD_LIMIT = JUTE_MAXBUFFER - 8 * 1024
 
-_HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}\Z")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,6 +138,10 @@ class Options:
                     f"{where}['HOSTS'] has {host!r}: write an IPv6 address in brackets, "
                     "as in '[::1]:2181'."
                 )
+            if not 1 <= int(host.strip().rpartition(":")[2]) <= 65535:
+                raise ConfigurationError(
+                    f"{where}['HOSTS'] has {host!r}, whose port is not between 1 and 65535."
+                )
         if chroot:
             raise ConfigurationError(
                 f"{where}['HOSTS'] has a chroot '/{chroot}'; put the path in ROOT instead."
@@ -147,6 +156,15 @@ class Options:
         ):
             raise ConfigurationError(
                 f"{where}['ROOT'] is {root!r}; give an absolute znode path such as '/zktasks'."
+            )
+        # What ZooKeeper itself refuses or keeps for itself, said here rather than as a
+        # kazoo error at a worker's first call.
+        if not all(is_znode_name(part) for part in root[1:].split("/")) \
+                or root == "/zookeeper" or root.startswith("/zookeeper/"):
+            raise ConfigurationError(
+                f"{where}['ROOT'] is {root!r}: ZooKeeper refuses '.' and '..' as names and "
+                "control characters in them, and keeps /zookeeper for itself; give a path "
+                "such as '/zktasks'."
             )
         session_timeout = _positive(raw.get("SESSION_TIMEOUT", 10.0), where, "SESSION_TIMEOUT")
         connect_timeout = _positive(
@@ -163,12 +181,12 @@ class Options:
             )
         fallbacks = _fallbacks(raw, where)
         max_record = _whole(raw.get("MAX_RECORD_BYTES", DEFAULT_MAX_RECORD_BYTES))
-        if max_record is None or not 10_000 <= max_record <= 0xFFFFF:
+        if max_record is None or not 10_000 <= max_record <= MAX_RECORD_LIMIT:
             raise ConfigurationError(
                 f"{where}['MAX_RECORD_BYTES'] is "
                 f"{raw.get('MAX_RECORD_BYTES', DEFAULT_MAX_RECORD_BYTES)!r}; give a whole "
-                f"number of bytes between 10000 and {0xFFFFF} (ZooKeeper's default "
-                "jute.maxbuffer)."
+                f"number of bytes between 10000 and {MAX_RECORD_LIMIT} (ZooKeeper's default "
+                f"jute.maxbuffer, {JUTE_MAXBUFFER}, less 8 KiB for the rest of a request)."
             )
         dead_letter_ttl = raw.get("DEAD_LETTER_TTL", 30 * 86400)
         if dead_letter_ttl is not None:
@@ -178,7 +196,7 @@ class Options:
                 or dead_letter_limit < 1:
             raise ConfigurationError(
                 f"{where}['DEAD_LETTER_LIMIT'] is {dead_letter_limit!r}; give a whole number "
-                "of entries, at least 1 (each holds at most 64 KB of ZooKeeper's heap)."
+                "of entries, at least 1 (each holds up to about 90 KB of ZooKeeper's heap)."
             )
         from .ratelimit import parse_rate_limits
         from .schedules import parse_schedules

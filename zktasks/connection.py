@@ -43,6 +43,7 @@ client's `_call`. A TLS socket keeps kazoo's methods: SSL framing makes "would b
 mean other things, and an SSL socket must not be written from two threads.
 """
 
+import os
 import socket
 import threading
 from collections import namedtuple
@@ -155,7 +156,12 @@ class EagerConnectionHandler(ConnectionHandler):
         """Send `request` from this thread, as kazoo's connection thread would; False
         (nothing done) when it must go through kazoo's queue instead."""
         client = self.client
-        if self._direct is None:
+        if self._direct is None or self._pid != os.getpid():
+            # In a forked child the socket is the parent's: a request written to it
+            # would be answered to the parent, whose reader would take a reply it never
+            # asked for (its connection loop dies on the xid). The child goes through
+            # kazoo's queue, which its (never started) connection thread does not serve:
+            # a client must be made after the fork, as get_client() does.
             return False
         # Outside the lock, and before anything is recorded: a request that cannot be
         # serialized raises here, to its caller (in kazoo's thread it would end the loop).
@@ -342,6 +348,7 @@ def install(client) -> bool:
         return False
     handler.__class__ = EagerConnectionHandler
     handler._send_lock, handler._direct, handler._direct_timeout = threading.Lock(), None, 10.0
+    handler._pid = os.getpid()
     kazoo_call = client._call
 
     def _call(request, async_object):

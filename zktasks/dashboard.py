@@ -223,7 +223,7 @@ def preview(raw: bytes | None, limit: int = PREVIEW_LIMIT) -> dict:
         return {"kind": "binary", "text": "", "size": size}
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
         if any(ord(c) < 32 and c not in "\t\r\n" for c in text[:4096]):
             return {"kind": "binary", "text": "", "size": size}
         truncated = len(text) > limit
@@ -1515,7 +1515,7 @@ def _state_of(item) -> str | None:
         return None
     try:
         state = json.loads(item[0] or b"").get("state")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return "?"
     return state if state in records.STATES else "?"
 

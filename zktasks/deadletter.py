@@ -33,13 +33,14 @@ KEEP_BYTES = 64 * 1024   # at most this many bytes of the original are kept
 LIST_LIMIT = 200         # entries one listing reads at most
 EXPIRE_BATCH = 500       # entries one expiry sweep deletes at most
 # Kinds of entry that are the only place their job waits (see expire).
-HOLD_KINDS = frozenset({"unreadable_assignment"})
+HOLD_KINDS = frozenset({"unreadable_assignment", "misplaced_job"})
 
 # kind -> what it means, for people (the dashboard shows it next to the reason).
 KINDS = {
     "foreign_name": "a name that is not a zktasks job name",
     "no_status": "a job whose status record does not exist",
     "unreadable_assignment": "an assignment whose data does not decode",
+    "misplaced_job": "a waiting job's node in another shard than its name gives",
     "corrupt_status": "a status record that does not decode (the job was failed)",
     "foreign_signature": "a payload that fails its signature check (the job was failed)",
     "corrupt_schedule": "a schedule's state that does not decode (it started again from now)",
@@ -106,7 +107,7 @@ def decode(name: str, raw: bytes | None, version: int = -1) -> DeadLetter:
             size=int(data.get("size", 0)), truncated=bool(data.get("truncated")),
             data=base64.b64decode(str(data.get("data", "")), validate=True),
         )
-    except (ValueError, TypeError, binascii.Error) as exc:
+    except (ValueError, TypeError, binascii.Error, RecursionError) as exc:
         at_ms = parse_dead_letter_name(name)
         return DeadLetter(
             name=name, version=version, size=len(raw or b""), data=raw or b"",
@@ -197,8 +198,9 @@ def expire(store: Store, *, fence: str | None, now_ms: int, ttl: float | None,
 
     The leader's job (its fence checked). Without it, garbage arriving without end (a
     foreign client writing into a queue) would grow the place, and ZooKeeper's heap, by
-    up to 64 KB an entry with no bound. Names sort by time, so both kinds are the oldest
-    names. At most EXPIRE_BATCH are deleted a sweep (the rest at the next one).
+    up to about 90 KB an entry (64 KiB, base64) with no bound. Names sort by time, so
+    both kinds are the oldest names. At most EXPIRE_BATCH are deleted a sweep (the rest
+    at the next one).
 
     An entry is held, never deleted here, while it is the only place its job waits: an
     assignment that did not decode (HOLD_KINDS) of a job still READY or RUNNING. Deleting

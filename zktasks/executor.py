@@ -171,7 +171,8 @@ def retry_delay(policy, attempt: int, exc: BaseException) -> float | None:
     try:
         return policy.delay(attempt, exc)
     except Exception:
-        logger.exception("backoff callable failed; not retrying attempt=%d", attempt)
+        logger.exception("no retry delay (a backoff callable failed, or a delay was not a "
+                         "number); not retrying attempt=%d", attempt)
         return None
 
 

@@ -438,10 +438,15 @@ class Leader:
                     self._delete_empty(path)
                 for name in jobs:
                     if delayed_shards(name) != (minute, second):
-                        self._move_aside(f"{path}/{name}", kind="foreign_name",
+                        parsed = parse_delayed_node(name)
+                        self._move_aside(f"{path}/{name}",
+                                         kind="misplaced_job" if parsed else "foreign_name",
                                          reason=f"{name!r} in delayed/{minute}/{second} is "
                                                 "not the name of a delayed job of that "
-                                                "shard.")
+                                                "shard." + (" Re-queueing the entry sends the "
+                                                            "job back to its right place."
+                                                            if parsed else ""),
+                                         job_id=parsed[2] if parsed else None)
                     elif int(name[:13]) <= now_ms:
                         due.append(name)
                     elif later is None or name < later:
@@ -574,7 +579,10 @@ class Leader:
             reason = (f"Pending job {name!r} was found in shard {queue}/{shard}; its name "
                       f"belongs in shard {shard_of(name)!r}. Re-queueing the entry sends "
                       "the job back to its right place.")
-        self._move_aside(self.layout.shard_child(queue, shard, name), kind="foreign_name",
+        # A job's node is the only place the job waits: "misplaced_job" entries are
+        # held (deadletter.HOLD_KINDS), never expired while the job is unfinished.
+        self._move_aside(self.layout.shard_child(queue, shard, name),
+                         kind="misplaced_job" if parsed else "foreign_name",
                          reason=reason, job_id=parsed[1] if parsed else None)
 
     def _sweep(self, queue: str, shard: str, key: str) -> bool:

@@ -5,6 +5,7 @@ are signed envelopes (see envelope.py); errors are text, never pickles.
 """
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
@@ -21,6 +22,12 @@ STATES = (READY, RUNNING, SUCCESSFUL, FAILED)
 FINISHED = frozenset({SUCCESSFUL, FAILED})
 
 MAX_TRACEBACK_CHARS = 16_000
+MAX_MESSAGE_CHARS = 2_000
+# The same bounds in encoded bytes: records are ASCII JSON, where a character outside the
+# BMP costs 12 bytes ("\\ud83d\\ude00"), so a message of 2,000 emoji took 24 KB.
+MAX_TRACEBACK_BYTES = 32_000
+MAX_MESSAGE_BYTES = 4_000
+TRIMMED = "(trimmed: the record would have been over MAX_RECORD_BYTES)\n"
 
 
 def now() -> datetime:
@@ -33,6 +40,16 @@ def _dt(value: str | None) -> datetime | None:
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
+
+
+def clip(text: str, chars: int, encoded: int, *, keep_end: bool = False) -> str:
+    """`text` cut to at most `chars` characters and `encoded` bytes of JSON (its start,
+    or its end with `keep_end`: a traceback's last frames say the most)."""
+    text = text[-chars:] if keep_end else text[:chars]
+    while len(text) > 1 and len(json.dumps(text)) > encoded:
+        keep = max(1, len(text) * encoded // len(json.dumps(text)) - 8)
+        text = text[-keep:] if keep_end else text[:keep]
+    return text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,8 +71,9 @@ class ErrorRecord:
             message = "<exception str() failed>"  # what the traceback module writes
         return cls(
             exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-            message=message[:2000],
-            traceback="".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:],
+            message=clip(message, MAX_MESSAGE_CHARS, MAX_MESSAGE_BYTES),
+            traceback=clip("".join(traceback.format_exception(exc)), MAX_TRACEBACK_CHARS,
+                           MAX_TRACEBACK_BYTES, keep_end=True),
             attempt=attempt,
             worker_id=worker_id,
         )
@@ -100,6 +118,36 @@ class StatusRecord:
     def evolve(self, **changes) -> "StatusRecord":
         return replace(self, **changes)
 
+    def fit(self, limit: int) -> "StatusRecord":
+        """This record, its errors' text trimmed until it encodes in `limit` bytes.
+
+        A job's errors add up over its attempts (each up to MAX_TRACEBACK_BYTES), and a
+        record over ZooKeeper's jute.maxbuffer is not refused but answered by dropping
+        the connection: the outcome could never be written. The older tracebacks go
+        first, then the older messages, then the last traceback. No error is dropped (the
+        count of lost workers is read from them), so a record that still does not fit
+        is one whose payload leaves no room; the caller's size check decides then.
+        """
+        record = self
+        if len(record.to_bytes()) <= limit or not record.errors:
+            return record
+        *older, last = record.errors
+        steps = (
+            lambda: ([replace(e, traceback=TRIMMED) for e in older], last),
+            lambda: ([replace(e, traceback=TRIMMED, message=clip(e.message, 200, 400))
+                      for e in older], last),
+            lambda: (older, replace(last, traceback=clip(last.traceback, 2_000, 4_000,
+                                                         keep_end=True))),
+            lambda: (older, replace(last, traceback=TRIMMED, message=clip(last.message, 200,
+                                                                          400))),
+        )
+        for step in steps:
+            older, last = step()
+            record = self.evolve(errors=(*older, last))
+            if len(record.to_bytes()) <= limit:
+                break
+        return record
+
     def to_json(self) -> dict:
         # Not dataclasses.asdict: it deep-copies the payload and result envelopes, which
         # cost more than the rest of a job's bookkeeping (bench --profile). Nothing here
@@ -134,30 +182,85 @@ class StatusRecord:
                 raise ValueError("not a status record")
             if path and data.get("id") != path.rpartition("/")[2]:
                 raise ValueError(f"its id {data.get('id')!r} is not the job id of its znode")
-            for key, kinds in _SHAPES.items():
-                if key in data and not isinstance(data[key], kinds):
-                    raise ValueError(f"its {key!r} is a {type(data[key]).__name__}")
-            data.pop("v", None)
-            for key in ("enqueued_at", "started_at", "finished_at", "last_attempted_at",
-                        "run_after"):
-                data[key] = _dt(data.get(key))
+            # Keys this release does not know are left out, not taken for corruption: a
+            # newer release may add an optional field during a rolling upgrade, and
+            # failing its jobs as corrupt would replace them with placeholders.
+            data = {key: value for key, value in data.items() if key in _STATUS_FIELDS}
+            _check_shapes(data)
+            for key in _TIME_FIELDS:
+                data[key] = _aware(key, data.get(key))
             data["worker_ids"] = tuple(data.get("worker_ids") or ())
-            data["errors"] = tuple(ErrorRecord(**e) for e in data.get("errors") or ())
+            data["errors"] = tuple(_error(e) for e in data.get("errors") or ())
             return cls(**data)
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+            # RecursionError: JSON nested thousands deep ("[[[[..."), which json.loads
+            # gives up on that way; it is garbage like any other.
             raise CorruptRecord(
                 f"The znode {path or '(status)'} does not hold a zktasks status record: {exc}."
             ) from exc
 
 
-_STATUS_FIELDS = tuple(f.name for f in fields(StatusRecord) if f.init)
-# What the pages and the worker use as such without checking it again.
-_SHAPES = {
-    "id": str, "task": str, "queue": str, "args_repr": str, "extra": dict,
-    "payload": (dict, type(None)), "result": (dict, type(None)),
-    "worker_ids": (list, type(None)), "errors": (list, type(None)),
-}
+_STATUS_FIELDS = frozenset(f.name for f in fields(StatusRecord) if f.init)
 _TIME_FIELDS = ("enqueued_at", "started_at", "finished_at", "last_attempted_at", "run_after")
+_ERROR_FIELDS = frozenset(f.name for f in fields(ErrorRecord))
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _seconds(value) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool)
+                             and math.isfinite(value) and value > 0)
+
+
+# What the pages, the leader and the worker use as such without checking it again: a
+# wrong type here (a hand edit, a foreign writer) would otherwise fail later, in a place
+# that cannot say which record is at fault ("priority": null broke a worker's intake).
+_SHAPES = {
+    "id": lambda v: isinstance(v, str), "task": lambda v: isinstance(v, str),
+    "backend": lambda v: isinstance(v, str), "queue": lambda v: isinstance(v, str),
+    "args_repr": lambda v: isinstance(v, str), "extra": lambda v: isinstance(v, dict),
+    "priority": lambda v: _whole(v) and -100 <= v <= 100,
+    "attempts": lambda v: _whole(v) and v >= 0,
+    "max_attempts": lambda v: _whole(v) and v >= 1,
+    "timeout": _seconds, "result_ttl": _seconds,
+    "takes_context": lambda v: isinstance(v, bool),
+    "unique_key": lambda v: v is None or isinstance(v, str),
+    "payload": lambda v: v is None or isinstance(v, dict),
+    "result": lambda v: v is None or isinstance(v, dict),
+    "worker_ids": lambda v: v is None or (isinstance(v, list)
+                                          and all(isinstance(w, str) for w in v)),
+    "errors": lambda v: v is None or (isinstance(v, list)
+                                      and all(isinstance(e, dict) for e in v)),
+    **{key: (lambda v: v is None or isinstance(v, str)) for key in _TIME_FIELDS},
+}
+_ERROR_SHAPES = {
+    "exception_class_path": str, "message": str, "traceback": str, "worker_id": str,
+}
+
+
+def _check_shapes(data: dict) -> None:
+    for key, fits in _SHAPES.items():
+        if key in data and not fits(data[key]):
+            raise ValueError(f"its {key!r} is {printable(repr(data[key]))[:80]}")
+
+
+def _aware(key: str, value: str | None) -> datetime | None:
+    found = _dt(value)
+    if found is not None and found.utcoffset() is None:
+        raise ValueError(f"its {key!r} has no time zone")
+    return found
+
+
+def _error(data: dict) -> ErrorRecord:
+    data = {key: value for key, value in data.items() if key in _ERROR_FIELDS}
+    for key, kind in _ERROR_SHAPES.items():
+        if key in data and not isinstance(data[key], kind):
+            raise ValueError(f"an error's {key!r} is a {type(data[key]).__name__}")
+    if "attempt" in data and not _whole(data["attempt"]):
+        raise ValueError("an error's 'attempt' is not a whole number")
+    return ErrorRecord(**data)
 
 
 # Control characters but newline and tab. Error messages and tracebacks are the tasks'
@@ -183,7 +286,7 @@ def loads(raw: bytes | None, *, path: str = "") -> dict:
     """Decode a small record, raising CorruptRecord if it is not a JSON object."""
     try:
         data = json.loads(raw or b"")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
         raise CorruptRecord(f"The znode {path} does not hold JSON: {exc}.") from exc
     if not isinstance(data, dict):
         raise CorruptRecord(f"The znode {path} does not hold a JSON object.")

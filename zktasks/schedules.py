@@ -20,7 +20,7 @@ from .exceptions import ConfigurationError
 _FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12),
            ("day of week", 0, 7))
 # A znode name: no leading dot ('.' and '..' are not names ZooKeeper takes).
-NAME_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}\Z")
 EVERY_MAX = 10 * 366 * 86400  # seconds: a tick computed past it overflows datetime soon
 # The most days each month has (February's 29th comes every fourth year).
 _MONTH_DAYS = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31,

@@ -11,6 +11,7 @@ import datetime
 import decimal
 import importlib
 import io
+import math
 import pickle
 import random
 import sys
@@ -212,6 +213,17 @@ def function_spec(func, *, by_value: bool | None = None):
 
 
 MAX_BACKOFF = 3600.0  # seconds: the cap of exponential backoff
+# The cap of any retry delay (Retry(delay=...) or a backoff callable's answer): the
+# next attempt's due time names its delayed node in 13 digits of milliseconds, and an
+# infinite delay would overflow the datetime after the run, dropping the outcome.
+MAX_RETRY_DELAY = 10 * 365 * 86400.0
+
+
+def _retry_seconds(value) -> float:
+    seconds = float(value)
+    if math.isnan(seconds):
+        raise ValueError("a retry delay of NaN seconds")
+    return min(MAX_RETRY_DELAY, max(0.0, seconds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,13 +238,13 @@ class RetryPolicy:
         from .exceptions import Retry
 
         if isinstance(exc, Retry) and exc.delay is not None:
-            return max(0.0, float(exc.delay))
+            return _retry_seconds(exc.delay)
         if (self.retry_on is not None and not isinstance(exc, Retry)
                 and not isinstance(exc, self.retry_on)):
             return None
         if callable(self.backoff):
             chosen = self.backoff(attempt, exc)
-            return None if chosen is None else max(0.0, float(chosen))
+            return None if chosen is None else _retry_seconds(chosen)
         base = float(self.backoff or 0.0)
         # Exponential with jitter: spread retries of jobs that failed together.
         return min(MAX_BACKOFF, base * 2 ** max(0, attempt - 1)) * random.uniform(0.5, 1.0)

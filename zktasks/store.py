@@ -237,8 +237,15 @@ class Store:
 
         def attempt():
             nonlocal uncertain
-            if uncertain and landed is not None and landed():
-                return LANDED
+            if uncertain and landed is not None:
+                # The member we reconnected to need only be as current as the last
+                # answer we got, which is older than the multi whose answer was lost:
+                # read from it as it is, a landed multi looked unwritten and was sent
+                # again (a start refused, a finish reported as dropped). sync() makes it
+                # catch up with the leader first. Only on this rare path.
+                self.client.sync(self.layout.root)
+                if landed():
+                    return LANDED
             txn = self.client.transaction()
             build(txn)
             uncertain = True
@@ -1069,6 +1076,7 @@ class Store:
             else:
                 lost_record = record.evolve(state=records.READY,
                                             errors=record.errors + (error,))
+            lost_record = lost_record.fit(self.options.max_record_bytes)
         index = self.index_path(lost_record) if lost_record and lost_record.is_finished else None
         cleanup = self.cleanup_paths(lost_record) if index else []
 
@@ -1216,6 +1224,9 @@ class _BoundedClient:
 
     def get(self, path, watch=None):
         return self.wait(lambda: self._client.get_async(path, watch=watch))
+
+    def sync(self, path):
+        return self.wait(lambda: self._client.sync_async(path))
 
     def get_children(self, path, watch=None):
         return self.wait(lambda: self._client.get_children_async(path, watch=watch))

@@ -12,6 +12,7 @@ from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, ta
 from django.tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskResult
 
 from .exceptions import InvalidTaskError, PayloadVerificationError, SerializationError
+from .tree import MAX_RESULT_TTL
 
 _UNSET = object()
 
@@ -53,11 +54,11 @@ class ZkTask(Task):
         if self.result_ttl is not None and (
             isinstance(self.result_ttl, bool)
             or not isinstance(self.result_ttl, int | float)
-            or not self.result_ttl > 0
-            or not math.isfinite(self.result_ttl)
+            or not 0 < self.result_ttl <= MAX_RESULT_TTL
         ):
             raise InvalidTaskError(
-                f"result_ttl is {self.result_ttl!r}; give a positive number of seconds, or "
+                f"result_ttl is {self.result_ttl!r}; give a positive number of seconds (at "
+                f"most {MAX_RESULT_TTL:,}, the finished index names it in 12 digits), or "
                 "None for the backend's RESULT_TTL."
             )
         if not callable(self.backoff) and (
@@ -315,7 +316,8 @@ class ZkTaskResult(TaskResult):
 
     def cancel(self, *, force: bool = False) -> bool:
         """Cancel the job: True if it will never run; False if its worker was asked to
-        stop it (cooperatively, or by terminating its task process with force=True)."""
+        stop it (cooperatively, or by terminating its task process with force=True).
+        A finished job: True if it was cancelled before, False otherwise."""
         backend = self.task.get_backend()
         if not hasattr(backend, "cancel"):  # Django's Immediate or Dummy backend
             if self.is_finished:

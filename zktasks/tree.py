@@ -89,13 +89,13 @@ LAYOUT = (
      "lists them; re-queueing or discarding one deletes it"),
 )
 
-QUEUE_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}$")
-JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
-_JOB_NODE_RE = re.compile(r"^(\d{3})-([0-9a-f]{32})$")
-_SHARD_RE = re.compile(r"^(\d{3})-(\d{10})$")
-_DELAYED_RE = re.compile(r"^(\d{13})-(\d{3})-([0-9a-f]{32})-(.+)$")
-_DELAYED_SHARD_RE = re.compile(r"^\d{10,13}$")
-_DEAD_LETTER_RE = re.compile(r"^(\d{13})-[0-9a-f]{16}$")
+QUEUE_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}\Z")
+JOB_ID_RE = re.compile(r"^[0-9a-f]{32}\Z")
+_JOB_NODE_RE = re.compile(r"^(\d{3})-([0-9a-f]{32})\Z")
+_SHARD_RE = re.compile(r"^(\d{3})-(\d{10})\Z")
+_DELAYED_RE = re.compile(r"^(\d{13})-(\d{3})-([0-9a-f]{32})-(.+)\Z")
+_DELAYED_SHARD_RE = re.compile(r"^\d{10,13}\Z")
+_DEAD_LETTER_RE = re.compile(r"^(\d{13})-[0-9a-f]{16}\Z")
 
 
 _id_lock = threading.Lock()
@@ -124,7 +124,11 @@ def new_job_id() -> str:
     return f"{ms:012x}{counter:04x}{secrets.token_hex(8)}"
 
 
-ZNODE_NAME_RE = re.compile(r"^(?!\.\.?$)[^/\x00]{1,255}$")  # any one znode name
+# Any one znode name ZooKeeper accepts (PathUtils.validatePath): not "." or "..", no "/",
+# no control characters and none of the ranges it refuses. `\Z`, not `$`, in every
+# pattern here: `$` also matches before a final newline ("emails\n").
+ZNODE_NAME_RE = re.compile(
+    r"^(?!\.\.?\Z)[^/\x00-\x1f\x7f-\x9f\ud800-\uf8ff\ufff0-\uffff]{1,255}\Z")
 
 
 def is_znode_name(value) -> bool:
@@ -177,6 +181,11 @@ def parse_shard(name: str) -> tuple[int, int] | None:
     return 100 - int(match.group(1)), int(match.group(2))
 
 
+# Due times are named in 13 digits of epoch milliseconds (so that names sort by time):
+# the last one is in November 2286. Later ones are refused where they are asked for.
+DUE_MS_LIMIT = 10**13
+
+
 def delayed_node_name(due_ms: int, priority: int, job_id: str, queue: str) -> str:
     """Name a job waiting for its time; a plain sort gives the order in which it is due."""
     return f"{due_ms:013d}-{100 - priority:03d}-{job_id}-{queue}"
@@ -222,7 +231,8 @@ def parse_dead_letter_name(name: str) -> int | None:
 
 
 BUCKET_MS = 10_000
-_BUCKET_RE = re.compile(r"^(\d{13})(?:-([1-9]\d{0,11}))?$")
+_BUCKET_RE = re.compile(r"^(\d{13})(?:-([1-9]\d{0,11}))?\Z")
+MAX_RESULT_TTL = 10**12 - 1  # seconds: a bucket names a task's own TTL in 12 digits
 
 
 def ttl_seconds(ttl: float) -> int:
@@ -267,7 +277,7 @@ def bucket_start(name: str) -> str:
     return name[:13]
 
 
-_SECOND_RE = re.compile(r"^[0-9]$")
+_SECOND_RE = re.compile(r"^[0-9]\Z")
 
 
 def finished_leaf(finished_ms: int, ttl: float | None = None) -> str:

@@ -33,9 +33,9 @@ from .models import Job
 from .schedules import NAME_RE as SCHEDULE_NAME_RE
 from .tree import QUEUE_RE, ZNODE_NAME_RE, is_job_id
 
-_JOB_NODE = re.compile(r"^\d{3}-[0-9a-f]{32}$")
-_DELAYED_NODE = re.compile(r"^\d{13}-\d{3}-[0-9a-f]{32}-.+$")
-_RESULTS_CURSOR = re.compile(r"^\d{13}/[0-9a-f]{32}$")
+_JOB_NODE = re.compile(r"^\d{3}-[0-9a-f]{32}\Z")
+_DELAYED_NODE = re.compile(r"^\d{13}-\d{3}-[0-9a-f]{32}-.+\Z")
+_RESULTS_CURSOR = re.compile(r"^\d{13}/[0-9a-f]{32}\Z")
 _WORKER_ID = _ENTRY_NAME = ZNODE_NAME_RE  # any znode name (a dead letter's: garbage too)
 
 DEAD_LETTER_PREVIEW = 2_000  # characters of an entry's data shown

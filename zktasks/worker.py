@@ -237,7 +237,8 @@ class Worker:
             logger.info("task processes ready count=%d took=%.1fs", self.concurrency,
                         time.monotonic() - began)
         self.client.add_listener(self._on_state)
-        self._register()
+        # Again (a new identity) if the session changed under the first try.
+        self.store.retry(self._register, deadline=self.options.connect_timeout)
         threads = [threading.Thread(target=self._runner_loop, name=f"zktasks-run-{i}",
                                     args=(i >= self.concurrency,), daemon=True)
                    for i in range(self.concurrency * LOOKAHEAD)]
@@ -353,6 +354,15 @@ class Worker:
         client_id = self.client.client_id
         if client_id is None:  # dropped right after the multi: register again later
             raise ConnectionLoss("the connection dropped while registering")
+        # The multi may have landed on a session that expired before its answer came:
+        # the resend on the next session then failed on the assignments parent (which
+        # outlives sessions) and looked like success, while the ephemeral worker znode
+        # had gone with the old session. Registered there, this worker would be alive
+        # and idle under an identity nobody sees. Checked, so it registers afresh.
+        stat = self.store.retry(self.client.exists, layout.worker(worker_id))
+        if stat is None or stat.ephemeralOwner != client_id[0]:
+            raise ConnectionLoss(f"registered as {worker_id} on a session that ended "
+                                 "before the answer came")
         self._session = client_id[0]
         if self.leader is not None:
             self.leader.identity = worker_id  # contend under the new identity next time
@@ -781,7 +791,8 @@ class Worker:
         exc = JobCancelled(f"Job {item.job_id!r} was cancelled before it ran.")
         record = item.found.record
         final = record.evolve(state=records.FAILED, finished_at=records.now(), errors=(
-            *record.errors, ErrorRecord.from_exception(exc, worker_id=item.worker_id)))
+            *record.errors, ErrorRecord.from_exception(exc, worker_id=item.worker_id))).fit(
+            self.options.max_record_bytes)
         if self.store.finish(item.worker_id, item.job_id, final, item.found.version):
             logger.info("job cancelled job=%s (not started)", item.job_id)
         with self._cond:
@@ -1199,10 +1210,13 @@ class Worker:
             traceback=error.traceback, attempt=running.attempts, worker_id=worker_id,
         )
         errors = running.errors + (error,)
+        limit = self.options.max_record_bytes
         if outcome.retry_delay is not None and running.attempts < running.max_attempts:
             due = now + timedelta(seconds=outcome.retry_delay)
-            return running.evolve(state=records.READY, errors=errors, run_after=due), True
-        return running.evolve(state=records.FAILED, finished_at=now, errors=errors), False
+            return running.evolve(state=records.READY, errors=errors, run_after=due).fit(
+                limit), True
+        return running.evolve(state=records.FAILED, finished_at=now, errors=errors).fit(
+            limit), False
 
     def _parent_side_retry(self, outcome: Outcome, call, attempt: int) -> Outcome:
         from . import exceptions

@@ -76,7 +76,8 @@ class Command(BaseCommand):
                                       description=help_text)
 
         action("status", "The dashboard's overview: leader, workers, and per queue the "
-                         "pending, delayed, running, succeeded and failed jobs.")
+                         "pending, delayed, assigned (running or prefetched), succeeded "
+                         "and failed jobs.")
         show = action("show", "One job: state, attempts, timings, arguments, result or "
                               "errors, and where it is in the tree.")
         show.add_argument("job_id")
