@@ -36,6 +36,7 @@ See bench/README.md.
 """
 
 import argparse
+import bisect
 import contextlib
 import json
 import logging
@@ -66,6 +67,7 @@ REGISTER_DEADLINE = 120.0   # seconds for the first workers to register
 SETTLE_DEADLINE = 90.0      # seconds for the ensemble to be whole again after the window
 STOP_DEADLINE = 40.0        # seconds for a worker to drain and exit after SIGTERM
 SUBMIT_RETRY_PAUSE = 0.5    # seconds between retries of a refused submit
+LIMITED_QUEUE = "limited"   # --rate-limit's queue (bench/chaos_settings.py)
 POLL = 0.05
 
 
@@ -419,6 +421,7 @@ class Submission:
     errors: list = field(default_factory=list)   # (time, exception class, message)
     result: object = None
     call_s: float | None = None   # how long the submit() call that succeeded took
+    queue: str = "default"
 
 
 class Submitter(threading.Thread):
@@ -429,7 +432,8 @@ class Submitter(threading.Thread):
     """
 
     def __init__(self, task, effects: Path, jobs: int, start: float, window: float,
-                 run_id: str, deadline: float, task_kwargs: dict | None = None):
+                 run_id: str, deadline: float, task_kwargs: dict | None = None,
+                 limited: bool = False):
         super().__init__(name="chaos-submitter", daemon=True)
         self.task = task
         self.task_kwargs = task_kwargs or {}
@@ -440,7 +444,9 @@ class Submitter(threading.Thread):
         self.run_id = run_id
         self.deadline = deadline
         self.stop_event = threading.Event()
-        self.submissions = [Submission(seq) for seq in range(jobs)]
+        # --rate-limit: every other job goes to the rate-limited queue.
+        self.submissions = [Submission(seq, queue=LIMITED_QUEUE if limited and seq % 2
+                                       else "default") for seq in range(jobs)]
         self.unexpected: list[str] = []
 
     def run(self) -> None:
@@ -450,7 +456,8 @@ class Submitter(threading.Thread):
             due = self.start_at + sub.seq * self.window / self.jobs
             if self.stop_event.wait(max(0.0, due - time.time())):
                 return
-            task = self.task.using(unique_key=f"{self.run_id}-{sub.seq}")
+            task = self.task.using(unique_key=f"{self.run_id}-{sub.seq}",
+                                   queue_name=sub.queue)
             while True:
                 began = time.monotonic()
                 try:
@@ -515,8 +522,10 @@ class Chaos:
 
     def start_worker(self) -> WorkerProc:
         self._next_index += 1
+        queues = ("--queues", f"default,{LIMITED_QUEUE}") \
+            if getattr(self.args, "rate_limit", None) else ()
         proc = WorkerProc(f"chaos-w{self._next_index}", self.env, self.log_dir,
-                          self.args.concurrency, pool=self.args.pool)
+                          self.args.concurrency, extra_args=queues, pool=self.args.pool)
         self.procs.append(proc)
         return proc
 
@@ -938,6 +947,11 @@ def analyze(chaos: Chaos, submitter: Submitter, monitor: Monitor, root: str,
 
     all_elections = leader_elections(chaos)
     elections = [e for e in all_elections if e[0] < chaos.stopping_at]
+    rate_limit = None
+    if getattr(chaos.args, "rate_limit", None):
+        rate_limit, over = check_rate_limit(chaos.args.rate_limit, submitter, runs,
+                                            all_elections, t0)
+        violations += over
     finishes.sort()
     fault_rows = [recovery(chaos, fault, finishes, status, elections, i)
                   for i, fault in enumerate(chaos.faults)]
@@ -1007,7 +1021,56 @@ def analyze(chaos: Chaos, submitter: Submitter, monitor: Monitor, root: str,
         "worker_log_findings": log_findings,
         "identities": identities,
         "bad_effect_lines": bad_lines[:20],
+        "rate_limit": rate_limit,
     }
+
+
+def check_rate_limit(rate: str, submitter: Submitter, runs: list[Run],
+                     elections: list[tuple[float, str]], t0: float) -> tuple[dict, list[dict]]:
+    """--rate-limit: did the cluster start more limited jobs than the leaders' buckets allow?
+
+    Every start, a rerun's too, follows its own hand-out, and the leader hands out no more
+    than its bucket holds: full (one burst) when a term begins, then refilled at the rate.
+    The hand-outs come after the first limited submit (T0), and leader terms follow one
+    another (the fence refuses a deposed leader's multis). So by any time t there can
+    have been at most burst x (the terms alive in [T0, t]) + rate x (t - T0) starts;
+    checked at every start. A start that lags its hand-out (a paused worker) only lowers
+    the count. A bucket refilled by failovers beyond one burst, or kept per worker as
+    Celery keeps rate_limit, exceeds it once a backlog builds (the submitter sends the
+    queue more than the limit whenever RATE is under 3/s).
+
+    The most starts in one second is a figure, not a check: a worker in a pause or a
+    reconnection starts what it was handed late, closer together than the rate.
+    """
+    from zktasks.ratelimit import parse_rate
+
+    limit = parse_rate(rate, "--rate-limit")
+    limited = {s.job_id for s in submitter.submissions if s.queue == LIMITED_QUEUE and s.job_id}
+    first_submit = min((s.submitted_at - (s.call_s or 0) for s in submitter.submissions
+                        if s.queue == LIMITED_QUEUE and s.submitted_at), default=None)
+    starts = sorted(r.at for r in runs if r.mark == "S" and r.job_id in limited)
+    figures = {"limit": limit.text, "per_second": limit.per_second, "burst": limit.burst,
+               "jobs": len(limited), "starts": len(starts)}
+    if not starts or first_submit is None:
+        return figures, []
+    over = []
+    allowed = 0.0
+    for count, at in enumerate(starts, 1):
+        terms = 1 + sum(1 for t, _ in elections if first_submit < t <= at)
+        allowed = limit.burst * terms + limit.per_second * (at - first_submit)
+        if count > allowed + 1e-6 and not over:  # the first breach says it; the rest follow
+            over.append({"problem": f"rate limit {limit.text}: {count} limited jobs started "
+                                    f"by {at - t0:+.2f}s, the buckets allow {allowed:.1f} "
+                                    f"({terms} leader terms since the first limited submit)"})
+    span = starts[-1] - starts[0]
+    figures |= {
+        "achieved_per_second": round((len(starts) - 1) / span, 3) if span else None,
+        "most_in_1s": max(bisect.bisect_left(starts, s + 1.0) - i
+                          for i, s in enumerate(starts)),
+        "allowed_by_last_start": round(allowed, 1),
+        "leader_terms": 1 + sum(1 for t, _ in elections if first_submit < t <= starts[-1]),
+    }
+    return figures, over
 
 
 def gave_up(chaos: Chaos, record: dict, starts: list[Run]) -> bool:
@@ -1253,13 +1316,16 @@ def fmt(value, spec="{:.2f}") -> str:
 
 def report(result: dict, args, seed: int, elapsed: float) -> str:
     s = result["summary"]
+    limited = getattr(args, "rate_limit", None)
     out = [f"chaos: seed {seed}, {args.duration:g}s of faults, {s['jobs_planned']} jobs, "
            f"{'ensemble of ' + str(args.ensemble) if args.ensemble > 1 else 'one ZooKeeper'}"
            f"{' over TLS' if getattr(args, 'tls', False) else ''}, "
            f"{args.workers} workers x {args.concurrency} "
            f"{'task processes' if args.pool == 'process' else 'threads'}, session timeout "
            f"{args.session_timeout:g}s"
-           f"{', cooperative task' if args.cooperative else ''}; {elapsed:.0f}s in all", ""]
+           f"{', cooperative task' if args.cooperative else ''}"
+           f"{', every other job limited to ' + limited if limited else ''}"
+           f"; {elapsed:.0f}s in all", ""]
     rows = [
         ["jobs submitted", s["jobs_submitted"]],
         ["jobs SUCCESSFUL", s["successful"]],
@@ -1284,6 +1350,12 @@ def report(result: dict, args, seed: int, elapsed: float) -> str:
          f"{s['longest_stall_s']:.2f}s (from {fmt(s['longest_stall_at'], '{:+.2f}')}s)"],
         ["faults", ", ".join(f"{k} {v}" for k, v in sorted(s["faults"].items()))],
     ]
+    if (rl := result.get("rate_limit")) and rl.get("achieved_per_second") is not None:
+        rows.append(["rate-limited queue", f"{rl['starts']} starts of {rl['jobs']} jobs at "
+                     f"{rl['achieved_per_second']:g}/s (limit {rl['limit']}, burst "
+                     f"{rl['burst']}); most in 1 s: {rl['most_in_1s']}; the buckets of "
+                     f"{rl['leader_terms']} leader terms allowed "
+                     f"{rl['allowed_by_last_start']:g} by the last start"])
     out.append(table([[k, str(v)] for k, v in rows], ["", ""]))
     out += ["", "faults (times from the start of the fault window; recovery in seconds after "
             "the fault):"]
@@ -1410,7 +1482,8 @@ def parse_args(argv=None):
                         default=(1.0, 3.0), metavar="MIN,MAX",
                         help="seconds between faults (default 1,3)")
     parser.add_argument("--drain-deadline", type=float, default=90.0,
-                        help="seconds to wait for every job after the window (default 90)")
+                        help="seconds to wait for every job after the window (default 90; "
+                             "with --rate-limit, plus the limited jobs over the rate)")
     parser.add_argument("--no-majority", action="store_true",
                         help="skip the one majority outage of the ensemble")
     parser.add_argument("--no-zk", action="store_true", help="no ZooKeeper member faults")
@@ -1420,6 +1493,10 @@ def parse_args(argv=None):
     parser.add_argument("--tls", action="store_true",
                         help="workers and submitter speak mutual TLS to the members' "
                              "secureClientPort (a throw-away CA made in the run directory)")
+    parser.add_argument("--rate-limit", metavar="RATE", default=None,
+                        help="send every other job to a queue limited to RATE (such as "
+                             "3/s) in RATE_LIMITS, and check that the cluster never started "
+                             "more of them than the leaders' buckets allow")
     parser.add_argument("--json", metavar="PATH", help="also write the findings as JSON")
     parser.add_argument("--keep", action="store_true",
                         help="keep the run directory (logs, side effects, ZooKeeper data)")
@@ -1430,6 +1507,14 @@ def parse_args(argv=None):
         parser.error("--jobs, --duration, --workers and --concurrency must be positive")
     if len(args.gap) != 2 or not 0 < args.gap[0] <= args.gap[1]:
         parser.error("--gap takes MIN,MAX seconds with 0 < MIN <= MAX")
+    if args.rate_limit is not None:
+        from zktasks.exceptions import ConfigurationError
+        from zktasks.ratelimit import parse_rate
+
+        try:
+            parse_rate(args.rate_limit, "--rate-limit")
+        except ConfigurationError as exc:
+            parser.error(str(exc))
     return args
 
 
@@ -1477,7 +1562,8 @@ def main(argv=None) -> int:
                               ZKTASKS_CHAOS_TLS_KEYFILE=str(tls.client_key))
         cluster = Cluster(args.ensemble, run_dir / "zookeeper", tls)
         os.environ.update(ZKTASKS_CHAOS_HOSTS=cluster.client_hosts, ZKTASKS_CHAOS_ROOT=root,
-                          ZKTASKS_CHAOS_SESSION_TIMEOUT=str(args.session_timeout))
+                          ZKTASKS_CHAOS_SESSION_TIMEOUT=str(args.session_timeout),
+                          ZKTASKS_CHAOS_RATE_LIMIT=args.rate_limit or "")
         env = dict(os.environ)
         env.update(PYTHONPATH=os.pathsep.join([str(REPO), *filter(None,
                                                                   [env.get("PYTHONPATH")])]),
@@ -1516,7 +1602,8 @@ def main(argv=None) -> int:
         window_end = chaos.t0 + args.duration
         submitter = Submitter(task, effects, args.jobs, chaos.t0, args.duration * 0.9, run_id,
                               deadline=window_end + SETTLE_DEADLINE,
-                              task_kwargs={"cooperative": True} if args.cooperative else None)
+                              task_kwargs={"cooperative": True} if args.cooperative else None,
+                              limited=args.rate_limit is not None)
         submitter.start()
         chaos.loop(window_end)
         log(f"[{chaos.rel(time.time())}] fault window over: {len(chaos.faults)} faults; "
@@ -1527,6 +1614,12 @@ def main(argv=None) -> int:
         submitter.join(SETTLE_DEADLINE)
         submitter.stop_event.set()
         drain_deadline = time.time() + args.drain_deadline
+        if args.rate_limit:
+            # The limited queue drains no faster than its rate: time for all of it.
+            from zktasks.ratelimit import parse_rate
+
+            limited = sum(1 for s in submitter.submissions if s.queue == LIMITED_QUEUE)
+            drain_deadline += limited / parse_rate(args.rate_limit, "--rate-limit").per_second
         watching = threading.Event()
         watcher = threading.Thread(target=_watch, args=(chaos, watching), daemon=True)
         watcher.start()

@@ -2,7 +2,8 @@
 the bench's settings, with ZooKeeper options of its own.
 
 The harness sets ZKTASKS_CHAOS_HOSTS / ZKTASKS_CHAOS_ROOT / ZKTASKS_CHAOS_SESSION_TIMEOUT
-(and, with --tls, ZKTASKS_CHAOS_TLS_CA / _CERTFILE / _KEYFILE) in its own environment
+(and, with --tls, ZKTASKS_CHAOS_TLS_CA / _CERTFILE / _KEYFILE; with --rate-limit,
+ZKTASKS_CHAOS_RATE_LIMIT) in its own environment
 before django.setup(), and passes them on to every runworker.
 """
 
@@ -26,6 +27,9 @@ TASKS = {
                     "CERTFILE": os.environ["ZKTASKS_CHAOS_TLS_CERTFILE"],
                     "KEYFILE": os.environ["ZKTASKS_CHAOS_TLS_KEYFILE"]}
             if os.environ.get("ZKTASKS_CHAOS_TLS_CA") else None,
+            # bench/chaos.py --rate-limit: every other job goes to the queue "limited".
+            "RATE_LIMITS": {"limited": os.environ["ZKTASKS_CHAOS_RATE_LIMIT"]}
+            if os.environ.get("ZKTASKS_CHAOS_RATE_LIMIT") else {},
         },
     },
 }
