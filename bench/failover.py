@@ -28,8 +28,9 @@ make the poll interval irrelevant to the figures. It prints min / median / max p
 measure and the median as a multiple of SESSION_TIMEOUT against the target (<= 1.5x).
 
 Exit status: 0 when every trial ran and the drain repeated and lost nothing (a missed
-timing target is reported, not failed); 1 when a drain repeated or lost a job, or a job
-never failed over; 2 when the harness itself could not run. Everything it starts is
+timing target is reported, not failed); 1 when a drain repeated or lost a job, a job
+never failed over, or a worker exited on its own (a crash is zktasks' failure, as in
+bench/chaos.py); 2 when the harness itself could not run. Everything it starts is
 stopped on the way out (also on Ctrl-C or SIGTERM). See bench/README.md, "Failover".
 """
 
@@ -156,8 +157,11 @@ class Trial:
                 return value
             for proc in self.procs:
                 if proc.state == "running" and proc.popen.poll() is not None:
-                    raise HarnessError(f"{proc.name} exited on its own while waiting for "
-                                       f"{what}:\n{proc.log_tail(30)}")
+                    # Nothing asked it to stop: a worker crash, zktasks' failure.
+                    proc.state, proc.exit_code = "crashed", proc.popen.returncode
+                    raise Finding(f"{proc.name} exited on its own with code "
+                                  f"{proc.popen.returncode} while waiting for {what}; log "
+                                  f"{proc.log_path}:\n{proc.log_tail(30)}")
             if time.monotonic() > deadline:
                 raise Finding(f"{what}: not within {timeout:.0f}s")
             time.sleep(POLL)
@@ -251,7 +255,9 @@ def worker_kill(trial: Trial) -> dict:
     victim_id = max((w for w in trial.by_id if w != leader_id), key=lambda w: held[w])
     mine = {j: r["attempts"] for j, r in found.items() if r["worker_ids"][-1] == victim_id}
     if not mine:
-        raise HarnessError(f"no job runs on a worker that does not lead: {dict(held)}")
+        # 3 runners each and no prefetch: the leader cannot run all 5 itself, unless it
+        # assigned past its capacity.
+        raise Finding(f"no job runs on a worker that does not lead: {dict(held)}")
     victim = trial.by_id[victim_id]
     gone = trial.watch_gone(trial.path("workers", victim_id))
 
@@ -525,6 +531,7 @@ def _raise_exit(signum, frame):
 def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGHUP, _raise_exit)   # a closed terminal stops it as SIGTERM does
     started = time.time()
     bench = Bench(args)
     log(f"failover: run directory {bench.run_dir}; session timeout {args.session_timeout:g}s; "
@@ -576,8 +583,8 @@ def main(argv=None) -> int:
     finally:
         # A second Ctrl-C must not cut the cleanup short (the watchdogs would still kill
         # the processes, but the run directory would be left behind unreported).
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
         bench.close()
         if ok and not args.keep_logs:
             shutil.rmtree(bench.run_dir, ignore_errors=True)

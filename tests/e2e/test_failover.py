@@ -66,3 +66,34 @@ def test_failover_benchmark_runs_and_drain_repeats_nothing(tmp_path):
     for row in result["summary"]:
         assert row["median_s"] > 0, row
     assert "leader kill -> job assigned by new leader" in output
+
+
+# Run in a child interpreter: importing bench.failover sets DJANGO_SETTINGS_MODULE (it is
+# the harness's own process), which must not leak into this test session.
+_CRASHED_WORKER = """
+import subprocess, sys, types
+sys.path.insert(0, sys.argv[1])
+import bench.failover as failover
+
+crashed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+crashed.wait()
+proc = types.SimpleNamespace(state="running", popen=crashed, name="fo-w1", exit_code=None,
+                             log_path="fo-w1.log", log_tail=lambda lines: "Traceback ...")
+try:
+    failover.Trial.wait_for(types.SimpleNamespace(procs=[proc]), "a leader", lambda: None, 5)
+except failover.Finding as exc:
+    print("finding:", exc, proc.state, proc.exit_code)
+except failover.HarnessError as exc:
+    print("harness error:", exc)
+"""
+
+
+def test_a_worker_that_exits_on_its_own_is_a_finding_not_a_harness_fault():
+    """A worker crash is zktasks' failure: the trial fails with a finding (exit 1), as
+    in bench/chaos.py, instead of "the harness could not run" (exit 2)."""
+    done = subprocess.run([sys.executable, "-c", _CRASHED_WORKER, str(REPO)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("finding: fo-w1 exited on its own with code 3 while "
+                                  "waiting for a leader"), done.stdout
+    assert done.stdout.rstrip().endswith("crashed 3"), done.stdout
