@@ -10,7 +10,9 @@ scenario starts `python -m django runworker` processes on a fresh root, and meas
 * latency p50/p99: submit one job, wait for its result, repeat (idle cluster);
 * ZooKeeper requests and write transactions per job, from the server's own counters
   ("srvr": Received, Zxid) read before and after the throughput phase;
-* peak RSS (VmHWM) of each worker process and of its task processes.
+* the memory of each worker: peak RSS (VmHWM) of its main process, and the peak of its
+  whole tree's PSS (the main process and its children, sampled every 0.5 s), which
+  counts a page shared by forked children once, as it is in RAM.
 
 A row runs the same pipeline on raw kazoo (bench/peer.py) for comparison, and the peer
 matrix runs the same two workloads (noop, 10 ms sleep) with 1 and 2 worker processes
@@ -33,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -47,6 +50,7 @@ DRAIN_DEADLINE = 300.0  # seconds for a throughput run to finish after the last 
 WAIT_TIMEOUT = 30.0     # seconds for any single job's result
 STOP_DEADLINE = 45.0    # seconds for a worker to drain and exit after SIGTERM (drain 30s)
 POLL = 0.02
+PSS_INTERVAL = 0.5      # seconds between samples of the worker trees' PSS
 
 
 class BenchError(Exception):
@@ -320,20 +324,24 @@ def _cpu_seconds(pid: int) -> float:
 class CpuMeter:
     """CPU seconds used by the bench process, the worker trees and ZooKeeper."""
 
-    def __init__(self, server_pids: list[int], procs: list["Proc"]):
+    def __init__(self, server_pids: list[int], procs: list["Proc"],
+                 sampler: "MemorySampler | None" = None):
         self.server_pids = server_pids
         self.procs = procs
+        self.sampler = sampler
 
     def sample(self) -> dict:
         import resource
 
         own = resource.getrusage(resource.RUSAGE_SELF)
+        # The memory sampler's thread is the bench's, not the submitter's work.
+        sampler = self.sampler.cpu_seconds if self.sampler is not None else 0.0
         mains = sum(_cpu_seconds(proc.pid) for proc in self.procs)
         tasks = sum(_cpu_seconds(pid) for proc in self.procs
                     for pid in _descendants(proc.pid))
         # "workers" counts the whole tree; "task_processes" is the part of it spent in
         # the pool's task processes (zero with --pool thread).
-        return {"submitter": own.ru_utime + own.ru_stime, "workers": mains + tasks,
+        return {"submitter": own.ru_utime + own.ru_stime - sampler, "workers": mains + tasks,
                 "task_processes": tasks,
                 "zookeeper": sum(_cpu_seconds(pid) for pid in self.server_pids)}
 
@@ -347,8 +355,27 @@ class CpuMeter:
         return {k: round((after[k] - before[k]) * 1000 / jobs, 3) for k in before}
 
 
+def _tree(pid: int) -> list[int]:
+    """A process and its descendants, from /proc/PID/task/TID/children: cheaper than the
+    scan of /proc in _descendants, for the sampler that runs during the timed phases."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            tids = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(OSError, ValueError):
+                children = Path(f"/proc/{current}/task/{tid}/children").read_text()
+                todo.extend(int(child) for child in children.split())
+    return found
+
+
 class Proc:
-    """A worker subprocess in its own process group, with its log file."""
+    """A worker subprocess in its own process group, with its log file, and a watchdog
+    that kills the group if the bench dies without stopping it (SIGKILL)."""
 
     running: list["Proc"] = []
 
@@ -359,7 +386,11 @@ class Proc:
         self.popen = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                                       stdout=self._log, stderr=subprocess.STDOUT,
                                       process_group=0)
+        from bench.peers.servers import watchdog
+
+        self.watchdog = watchdog(self.popen.pid)
         self.stop_seconds: float | None = None
+        self.pss_peak_mb = 0.0
         Proc.running.append(self)
 
     @property
@@ -376,6 +407,10 @@ class Proc:
         if self.popen.poll() is not None:
             raise BenchError(f"{self.name} exited with code {self.popen.returncode}; "
                              f"log {self.log_path}:\n{self.log_tail()}")
+
+    def sample_pss(self) -> None:
+        """Note the PSS of the whole tree now, if it is the largest seen."""
+        self.pss_peak_mb = max(self.pss_peak_mb, pss_mb(_tree(self.pid)))
 
     def rss(self) -> dict:
         """Peak RSS of the process and of each descendant (task processes)."""
@@ -406,12 +441,43 @@ class Proc:
             self.stop_seconds = round(time.monotonic() - started, 2)
         finally:
             # Task processes die with their parent (PDEATHSIG); anything else left in
-            # the group goes now.
-            if _group_members(self.pid):
+            # the group goes now. The watchdog is a member (so the group id stays ours).
+            from bench.peers.servers import end_watchdog
+
+            dog = self.watchdog.pid if self.watchdog is not None else None
+            if [pid for pid in _group_members(self.pid) if pid != dog]:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.pid, signal.SIGKILL)
+            end_watchdog(self.watchdog)
             self._log.close()
             Proc.running.remove(self)
+
+
+class MemorySampler:
+    """Samples the PSS of each worker tree every PSS_INTERVAL seconds, in a thread, from
+    the workers' start to the end of their scenario; each Proc keeps its peak.
+
+    PSS (smaps_rollup) divides a page shared by n processes by n, so a forked child's
+    copy-on-write pages count once for the tree, as they are in RAM; peak RSS (VmHWM)
+    summed over a tree would count them in every child.
+    """
+
+    def __init__(self, procs: list["Proc"]):
+        self.procs = procs
+        self.cpu_seconds = 0.0   # this thread's CPU, left out of the submitter's
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-pss", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(PSS_INTERVAL):
+            for proc in list(self.procs):
+                proc.sample_pss()
+            self.cpu_seconds = time.thread_time()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -450,11 +516,13 @@ def worker_env(hosts: str, root: str) -> dict:
 
 @dataclass
 class Done:
-    """When one job was enqueued, started and finished (epoch seconds)."""
+    """When one job was enqueued, started and finished (epoch seconds), and which worker
+    ran it (its worker id)."""
 
     enqueued: float
     started: float
     finished: float
+    worker: str | None = None
 
 
 class ZkTasksDriver:
@@ -495,7 +563,8 @@ class ZkTasksDriver:
         if result.status.name != "SUCCESSFUL":
             raise BenchError(f"job {result.id} ended {result.status.name}: {result.errors}")
         return Done(result.enqueued_at.timestamp(), result.started_at.timestamp(),
-                    result.finished_at.timestamp())
+                    result.finished_at.timestamp(),
+                    result.worker_ids[-1] if result.worker_ids else None)
 
     def close(self) -> None:
         pass
@@ -518,7 +587,8 @@ class PeerDriver:
 
     def wait(self, job_id, timeout: float) -> Done:
         record = self.peer.wait(job_id, timeout)
-        return Done(record["enqueued_at"], record["started_at"], record["finished_at"])
+        return Done(record["enqueued_at"], record["started_at"], record["finished_at"],
+                    record.get("worker"))
 
     def close(self) -> None:
         self.peer.close()
@@ -549,7 +619,7 @@ class Row:
     submit_idle_per_s: float = 0.0
     submit_zk_requests_per_job: float = 0.0
     submit_cpu_ms_per_job: float = 0.0
-    drain_per_s: float = 0.0
+    drain_per_s: float | None = 0.0   # None: too few jobs after every worker ran one
     drain_zk_requests_per_job: float = 0.0
     drain_zk_txns_per_job: float = 0.0
     submit_per_s: float = 0.0
@@ -576,18 +646,71 @@ class Row:
     # result has been read once, from the server's own counters (ZooKeeper or Redis).
     server_requests_per_job: float | None = None
     server_bytes_in_per_job: float | None = None
-    rss_leader_mb: float | None = None   # zktasks: the worker tree that leads
+    rss_leader_mb: float | None = None   # zktasks: the worker tree that leads (VmHWM sum)
+    pss_tree_mb: float = 0.0             # peak PSS of a worker tree, the largest
+    pss_leader_mb: float | None = None   # zktasks: the same for the worker that leads
+    drain_window: dict = field(default_factory=dict)   # what the drain rate was timed on
     server_mb: float | None = None       # PSS of ZooKeeper / Redis / PostgreSQL afterwards
     matrix: bool = False
 
 
-def record_rss(row: "Row", procs) -> None:
+def record_memory(row: "Row", procs) -> None:
     """Check every worker process is alive and note its memory, with its children's."""
     for proc in procs:
         proc.check_alive()
-        row.rss.append(proc.rss())
+        proc.sample_pss()
+        row.rss.append({**proc.rss(), "pss_peak_mb": round(proc.pss_peak_mb, 1)})
     row.rss_main_mb = max(r["main_mb"] for r in row.rss)
+    # The sum of VmHWM over a tree, kept in the JSON to compare with older runs: it
+    # counts the pages a forked child shares with its parent twice.
     row.rss_tree_mb = max(r["main_mb"] + sum(r["children_mb"]) for r in row.rss)
+    row.pss_tree_mb = max(r["pss_peak_mb"] for r in row.rss)
+
+
+def drain_window(finishes: list[tuple[float, str | None]], workers: list[str]) -> dict:
+    """Time a backlog's drain from the moment every worker has finished a job to the
+    last finish: by then all of them are running, so their start-up is left out.
+
+    `finishes` are (finish time, the worker that ran the job: one of `workers`, or None
+    when that is unknown). A worker that finished none of the backlog leaves the window
+    to start at the others' first finishes; it is named in the result. When fewer than
+    a tenth of the jobs (or 10) finish inside the window, the backlog was nearly gone
+    before the last worker got going: there is no rate ("per_s" None).
+    """
+    first: dict[str, float] = {}
+    for at, worker in finishes:
+        if worker is not None:
+            first[worker] = min(at, first.get(worker, at))
+    earliest = min(at for at, _ in finishes)
+    start = max(first.values()) if first else earliest
+    last = max(at for at, _ in finishes)
+    timed = sum(1 for at, _ in finishes if at > start)
+    enough = timed >= max(10, len(finishes) // 10) and last > start
+    return {
+        "per_s": timed / (last - start) if enough else None,
+        "jobs_timed": timed, "seconds": round(last - start, 4),
+        "after_first_finish_s": round(start - earliest, 4),
+        "first_finish_s": {w: round(at - earliest, 4) for w, at in sorted(first.items())},
+        "workers_without_a_job": [w for w in workers if w not in first],
+        "unattributed_jobs": sum(1 for _, worker in finishes if worker is None),
+    }
+
+
+def note_drain(row: "Row", window: dict) -> None:
+    row.drain_window = window
+    row.drain_per_s = window["per_s"]
+    if window["workers_without_a_job"] or window["unattributed_jobs"]:
+        print(f"   ! drain timed without knowing every worker was running: workers "
+              f"without a job {window['workers_without_a_job']}, jobs of no known worker "
+              f"{window['unattributed_jobs']}", flush=True)
+    if window["per_s"] is None:
+        print(f"   ! no drain rate: only {window['jobs_timed']} jobs finished after every "
+              f"worker had finished one ({window['after_first_finish_s']:.2f}s after the "
+              "first finish); more --jobs would give one", flush=True)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -601,10 +724,11 @@ def _pct(values: list[float], q: float) -> float:
 class Phase:
     """ZooKeeper counters and CPU meters between two instants of one scenario."""
 
-    def __init__(self, zk, monitor: Monitor, procs: list["Proc"]):
+    def __init__(self, zk, monitor: Monitor, procs: list["Proc"],
+                 sampler: MemorySampler | None = None):
         self.zk = zk
         self.monitor = monitor
-        self.meter = CpuMeter([zk.pid] if zk.pid else [], procs)
+        self.meter = CpuMeter([zk.pid] if zk.pid else [], procs, sampler)
         self.cpu = self.meter.sample()
         self.switches = self.meter.switches()
         self.counters = zk_counters(zk)
@@ -642,6 +766,7 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
           f"{sc.concurrency}, root={root}", flush=True)
     procs: list[Proc] = []
     profilers: list[Profiler] = []
+    sampler = None
     settings_cm = None
     driver = None
     try:
@@ -669,6 +794,7 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         row.submit_cpu_ms_per_job = delta["cpu_ms_per_job"]["submitter"]
         started = time.monotonic()
         procs = start_workers(sc, zk, root, log_dir)
+        sampler = MemorySampler(procs)
         if args.profile:
             profilers = [Profiler(p, args.profile / f"{sc.name}-{i}-backlog.txt")
                          for i, p in enumerate(procs)]
@@ -676,32 +802,28 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         # before the worker registers (the peer's assigner starts after, too).
         monitor.wait_workers(driver.workers_path, sc.workers, procs, START_DEADLINE,
                              interval=0.005)
-        phase = Phase(zk, monitor, procs)
+        phase = Phase(zk, monitor, procs, sampler)
         print(f"   {sc.workers} worker(s) registered in {time.monotonic() - started:.1f}s; "
               f"draining a backlog of {args.jobs}", flush=True)
         monitor.wait_drained(driver.queue_path, driver.assignments_path, procs, DRAIN_DEADLINE)
         delta = phase.end(args.jobs)
         for profiler in profilers:
             profiler.stop()
-        finished = sorted(driver.wait(h, WAIT_TIMEOUT).finished for h in backlog)
-        # Skip the first tenth: the first assignment rounds and the workers warming up
-        # (a worker registers once its task processes are set up, 1de75e8; before, this
-        # tenth also held the end of their startup).
-        skip = len(finished) // 10
-        span = finished[-1] - finished[skip]
-        row.drain_per_s = (len(finished) - 1 - skip) / span if span > 0 else float("nan")
+        done = [driver.wait(h, WAIT_TIMEOUT) for h in backlog]
+        note_drain(row, drain_window([(d.finished, _zk_worker(d.worker, procs)) for d in done],
+                                     [p.name for p in procs]))
         row.drain_zk_requests_per_job = delta["received"] / args.jobs
         row.drain_zk_txns_per_job = delta["txns"] / args.jobs
         row.zk_raw["backlog"] = delta
         row.drain_cpu_ms_per_job = delta["cpu_ms_per_job"]
         print(f"   backlog: submit (no workers) {row.submit_idle_per_s:.0f}/s, drained at "
-              f"{row.drain_per_s:.0f} jobs/s", flush=True)
+              f"{_rate(row.drain_per_s)} jobs/s", flush=True)
 
         # 2. Streaming: submit while the (warm) workers run, until all are finished.
         if args.profile:
             profilers = [Profiler(p, args.profile / f"{sc.name}-{i}-stream.txt")
                          for i, p in enumerate(procs)]
-        phase = Phase(zk, monitor, procs)
+        phase = Phase(zk, monitor, procs, sampler)
         t0 = time.time()
         p0 = time.perf_counter()
         with driver.batch():  # the submit rate counts until every job is written
@@ -754,13 +876,19 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         print(f"   latency: p50 {row.latency_p50_ms:.1f} ms, p99 {row.latency_p99_ms:.1f} ms",
               flush=True)
 
-        record_rss(row, procs)
+        record_memory(row, procs)
         if sc.kind == "zktasks":
-            row.rss_leader_mb = leader_rss(monitor, driver.leader_path, procs, row.rss)
+            leads = leader_index(monitor, driver.leader_path, procs)
+            if leads is not None:
+                r = row.rss[leads]
+                row.rss_leader_mb = round(r["main_mb"] + sum(r["children_mb"]), 1)
+                row.pss_leader_mb = r["pss_peak_mb"]
         row.server_mb = round(pss_mb([zk.pid]), 1)
     finally:
         for profiler in profilers:
             profiler.stop()
+        if sampler is not None:
+            sampler.stop()
         for proc in procs:
             proc.stop()
             row.stop_seconds.append(proc.stop_seconds)
@@ -778,19 +906,41 @@ def pss_mb(pids: list[int]) -> float:
     return pss(pids)
 
 
-def leader_rss(monitor: Monitor, leader_path: str, procs: list["Proc"],
-               rss: list[dict]) -> float | None:
-    """Peak RSS (with task processes) of the worker that leads: the data of the
-    lowest-sequence election znode is its worker id, which starts with its --name."""
+def leader_index(monitor: Monitor, leader_path: str, procs: list["Proc"]) -> int | None:
+    """Which of `procs` leads: the data of the lowest-sequence election znode is its
+    worker id, which starts with its --name."""
     try:
         nodes = monitor.client.get_children(leader_path)
         first = min(nodes, key=lambda n: n[-10:])
         leader_id = monitor.client.get(f"{leader_path}/{first}")[0].decode()
     except Exception:
         return None
-    for proc, r in zip(procs, rss, strict=True):
+    for i, proc in enumerate(procs):
         if leader_id.startswith(f"{proc.name}-"):
-            return round(r["main_mb"] + sum(r["children_mb"]), 1)
+            return i
+    return None
+
+
+def _zk_worker(worker_id: str | None, procs: list["Proc"]) -> str | None:
+    """The Proc name of a zktasks worker id (it starts with the worker's --name); the raw
+    kazoo peer's ids do not, but it runs one worker process."""
+    if len(procs) == 1:
+        return procs[0].name
+    for proc in procs:
+        if worker_id is not None and worker_id.startswith(f"{proc.name}-"):
+            return proc.name
+    return None
+
+
+def _peer_worker(result: dict, trees: dict[str, set[int]]) -> str | None:
+    """The worker (Proc name) that ran a peer's job: the one that recorded its name
+    (django-tasks-db), or whose process tree holds the process that ran it or that
+    process's parent (an RQ work horse has exited by now, its parent has not)."""
+    if result.get("worker") in trees:
+        return result["worker"]
+    for name, pids in trees.items():
+        if result.get("pid") in pids or result.get("ppid") in pids:
+            return name
     return None
 
 
@@ -806,6 +956,7 @@ def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
     server = drv.server
     counters = getattr(server, "counters", None)
     procs: list[Proc] = []
+    sampler = None
     env = worker_env(os.environ["ZKTASKS_BENCH_HOSTS"], "/bench-unused")
     env.update(DJANGO_SETTINGS_MODULE=drv.settings_module, **drv.worker_env())
     drv.reset()
@@ -825,15 +976,16 @@ def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
         for i in range(sc.workers):
             name = f"{sc.name}-{i}"
             procs.append(Proc(name, drv.worker_cmd(name), env, log_dir))
-        meter = CpuMeter(server.pids, procs)
+        sampler = MemorySampler(procs)
+        meter = CpuMeter(server.pids, procs, sampler)
         cpu0 = meter.sample()
-        finished = sorted(_wait_all(drv, backlog, procs))
+        results = _wait_all(drv, backlog, procs)
         row.drain_cpu_ms_per_job = CpuMeter.per_job_ms(cpu0, meter.sample(), args.jobs)
-        skip = len(finished) // 10
-        span = finished[-1] - finished[skip]
-        row.drain_per_s = (len(finished) - 1 - skip) / span if span > 0 else float("nan")
+        trees = {proc.name: set(_tree(proc.pid)) for proc in procs}
+        note_drain(row, drain_window([(r["at"], _peer_worker(r, trees)) for r in results],
+                                     [p.name for p in procs]))
         print(f"   backlog: submit (no workers) {row.submit_idle_per_s:.0f}/s, drained at "
-              f"{row.drain_per_s:.0f} jobs/s", flush=True)
+              f"{_rate(row.drain_per_s)} jobs/s", flush=True)
 
         # 2. Streaming: submit while the warm workers run; wait for every result.
         cpu0 = meter.sample()
@@ -842,7 +994,7 @@ def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
         p0 = time.perf_counter()
         handles = [drv.submit(sc.workload) for _ in range(args.jobs)]
         submit_s = time.perf_counter() - p0
-        last = max(_wait_all(drv, handles, procs))
+        last = max(r["at"] for r in _wait_all(drv, handles, procs))
         row.cpu_ms_per_job = CpuMeter.per_job_ms(cpu0, meter.sample(), args.jobs)
         if counters:
             delta = server.own_requests(c0, counters())
@@ -865,9 +1017,11 @@ def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
         row.latency_p99_ms = _pct(latencies, 0.99) * 1000
         print(f"   latency: p50 {row.latency_p50_ms:.1f} ms, p99 {row.latency_p99_ms:.1f} ms",
               flush=True)
-        record_rss(row, procs)
+        record_memory(row, procs)
         row.server_mb = round(pss_mb(server.pids), 1)
     finally:
+        if sampler is not None:
+            sampler.stop()
         for proc in procs:
             proc.stop()
             row.stop_seconds.append(proc.stop_seconds)
@@ -875,8 +1029,9 @@ def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
     return row
 
 
-def _wait_all(drv, handles: list, procs: list["Proc"]) -> list[float]:
-    """Every job's finish time; a worker that died is reported with its log."""
+def _wait_all(drv, handles: list, procs: list["Proc"]) -> list[dict]:
+    """Every job's result (work.stamp(): its finish time and process ids); a worker that
+    died is reported with its log."""
     try:
         return drv.wait_all(handles, WAIT_TIMEOUT if len(handles) == 1 else DRAIN_DEADLINE)
     except Exception as exc:
@@ -939,7 +1094,7 @@ COLUMNS = (
     ("ZK txn/job", "zk_txns_per_job", "{:.2f}"),
     ("fsync/job", "zk_fsyncs_per_job", "{:.2f}"),
     ("RSS MB main", "rss_main_mb", "{:.0f}"),
-    ("RSS MB +tasks", "rss_tree_mb", "{:.0f}"),
+    ("PSS MB tree", "pss_tree_mb", "{:.0f}"),
 )
 
 
@@ -975,8 +1130,8 @@ MATRIX_COLUMNS = (
     ("p99 ms", lambda r: r.latency_p99_ms, "{:.1f}"),
     ("srv req/job", lambda r: r.server_requests_per_job, "{:.2f}"),
     ("srv B in/job", lambda r: r.server_bytes_in_per_job, "{:.0f}"),
-    ("RSS MB worker", lambda r: r.rss_tree_mb, "{:.0f}"),
-    ("RSS MB leader", lambda r: r.rss_leader_mb, "{:.0f}"),
+    ("PSS MB worker", lambda r: r.pss_tree_mb, "{:.0f}"),
+    ("PSS MB leader", lambda r: r.pss_leader_mb, "{:.0f}"),
     ("server MB", lambda r: r.server_mb, "{:.0f}"),
 )
 
@@ -987,7 +1142,7 @@ RATIO_FIGURES = (
     ("drain jobs/s", "drain_per_s"),
     ("p50 ms", "latency_p50_ms"),
     ("p99 ms", "latency_p99_ms"),
-    ("RSS MB worker", "rss_tree_mb"),
+    ("PSS MB worker", "pss_tree_mb"),
 )
 
 
@@ -1167,10 +1322,18 @@ def main(argv=None) -> int:
               f"):\n  {peers.INSTALL_HINT}\nor leave them out with --only 'zktasks*'",
               file=sys.stderr)
         return 2
+    # SIGTERM and a hang-up (a closed terminal or SSH session) stop the run as Ctrl-C
+    # does: through the finally below, which stops everything it started.
     signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGHUP, _raise_exit)
 
     from bench.peers.servers import PostgresServer, RedisServer, ServerMissing
-    from zktasks.testing import ZooKeeperServer, ZooKeeperUnavailable, free_port
+    from zktasks.testing import (
+        ZooKeeperServer,
+        ZooKeeperStartError,
+        ZooKeeperUnavailable,
+        free_port,
+    )
 
     tmp = Path(tempfile.mkdtemp(prefix="zktasks-bench-"))
     log_dir = tmp / "logs"
@@ -1252,14 +1415,14 @@ def main(argv=None) -> int:
             print(f"\npeer matrix: N worker processes, {each};\n"
                   "srv req/job and srv B in/job\n= requests and bytes received by the "
                   "server (ZooKeeper or Redis) per job in the streaming\nphase, until "
-                  "every result was read once; RSS MB worker = peak RSS of one worker "
+                  "every result was read once; PSS MB worker = peak PSS of one worker "
                   "process\nwith its children (task processes, prefork children, work "
-                  "horses); server MB = PSS of\nZooKeeper, Redis or PostgreSQL after the "
-                  "scenario.")
+                  "horses), sampled every\n0.5 s, the largest worker; server MB = PSS of "
+                  "ZooKeeper, Redis or PostgreSQL after the\nscenario.")
             print(format_table(matrix, MATRIX_COLUMNS, left=1))
         if ratios:
             print("\nzktasks / peer, same workload and worker count, same run (throughput: "
-                  "above 1 = zktasks\nfaster; p50, p99, RSS: above 1 = zktasks slower or "
+                  "above 1 = zktasks\nfaster; p50, p99, PSS: above 1 = zktasks slower or "
                   "bigger):")
             print(format_ratios(ratios))
         if args.profile:
@@ -1277,8 +1440,17 @@ def main(argv=None) -> int:
     except ZooKeeperUnavailable as exc:
         print(f"bench: no ZooKeeper: {exc}", file=sys.stderr)
         return 2
+    except ZooKeeperStartError as exc:
+        # The message has the server's log path and tail.
+        print(f"bench: {exc}\nbench: ZooKeeper did not start: fix what its log says (the "
+              "Java or ZooKeeper install, memory, the temp dir's disk) and run again",
+              file=sys.stderr)
+        return 2
     except ServerMissing as exc:
         print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    except peers.PeerMissing as exc:
+        print(f"bench: {exc}; or leave the peer out with --only", file=sys.stderr)
         return 2
     except BenchError as exc:
         print(f"bench failed: {exc}", file=sys.stderr)
@@ -1287,6 +1459,11 @@ def main(argv=None) -> int:
         print("bench interrupted", file=sys.stderr)
         return 130
     finally:
+        # A second Ctrl-C, SIGTERM or hang-up must not cut the cleanup short: Redis and
+        # PostgreSQL would be left running (their watchdogs act only if this process
+        # dies), and so would the workers until theirs noticed.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
         stop_all()
         for drv in drivers.values():
             with contextlib.suppress(Exception):

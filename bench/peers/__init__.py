@@ -75,11 +75,12 @@ class Driver:
     def submit(self, workload: str):
         raise NotImplementedError
 
-    def wait(self, handle, timeout: float) -> float:
-        """Block until the job is done; return when it finished (epoch seconds)."""
+    def wait(self, handle, timeout: float) -> dict:
+        """Block until the job is done; return what the job returned (work.stamp(): when
+        it finished, in epoch seconds, and the ids of the process that ran it)."""
         raise NotImplementedError
 
-    def wait_all(self, handles: list, timeout: float) -> list[float]:
+    def wait_all(self, handles: list, timeout: float) -> list[dict]:
         return [self.wait(h, timeout) for h in handles]
 
     def reset(self) -> None:

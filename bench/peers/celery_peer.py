@@ -41,9 +41,10 @@ class Driver(BaseDriver):
         # -c 1: one prefork child per worker process; with --defaults, Celery's own
         # default (one per CPU).
         concurrency = [] if defaults() else ["--concurrency", "1"]
+        # No --loglevel: Celery's default (WARNING), like every other peer's. INFO would
+        # write two lines per job ("Task ... received", "... succeeded").
         return [sys.executable, "-m", "celery", "-A", "bench.peers.celery_peer", "worker",
-                "--pool", "prefork", *concurrency, "--hostname", f"{name}@%h",
-                "--loglevel", "INFO"]
+                "--pool", "prefork", *concurrency, "--hostname", f"{name}@%h"]
 
     def worker_env(self) -> dict[str, str]:
         return {"BENCH_CELERY_RELIABLE": "1" if self.system == "celery-reliable" else "0"}
@@ -51,7 +52,7 @@ class Driver(BaseDriver):
     def submit(self, workload: str):
         return TASKS[workload].delay()
 
-    def wait(self, handle, timeout: float) -> float:
+    def wait(self, handle, timeout: float) -> dict:
         return handle.get(timeout=timeout)
 
     def versions(self) -> str:

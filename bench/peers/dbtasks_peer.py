@@ -48,7 +48,7 @@ class Driver(BaseDriver):
     def submit(self, workload: str):
         return TASKS[workload].enqueue()
 
-    def wait(self, handle, timeout: float) -> float:
+    def wait(self, handle, timeout: float) -> dict:
         limit = time.monotonic() + timeout
         while not handle.is_finished:
             if time.monotonic() > limit:
@@ -59,7 +59,7 @@ class Driver(BaseDriver):
             raise RuntimeError(f"django-tasks-db job {handle.id} ended {handle.status}")
         return handle.return_value
 
-    def wait_all(self, handles: list, timeout: float) -> list[float]:
+    def wait_all(self, handles: list, timeout: float) -> list[dict]:
         from django_tasks_db.models import DBTaskResult
 
         ids = [h.id for h in handles]
@@ -72,7 +72,12 @@ class Driver(BaseDriver):
             if time.monotonic() > limit:
                 raise TimeoutError(f"{left} django-tasks-db jobs not finished")
             time.sleep(POLL_MANY)
-        return [t.timestamp() for t in rows.values_list("finished_at", flat=True)]
+        # The row's finished_at (written by the worker right after the task returned),
+        # and the worker that ran it (db_worker --worker-id NAME records NAME).
+        return [{**(value or {}), "at": finished.timestamp(),
+                 "worker": workers[-1] if workers else None}
+                for finished, workers, value in rows.values_list(
+                    "finished_at", "worker_ids", "return_value")]
 
     def reset(self) -> None:
         from django_tasks_db.models import DBTaskResult

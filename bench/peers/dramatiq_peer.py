@@ -44,7 +44,7 @@ class Driver(BaseDriver):
     def submit(self, workload: str):
         return TASKS[workload].send()
 
-    def wait(self, handle, timeout: float) -> float:
+    def wait(self, handle, timeout: float) -> dict:
         return handle.get_result(block=True, timeout=int(timeout * 1000))
 
     def versions(self) -> str:

@@ -37,7 +37,7 @@ class Driver(BaseDriver):
     def submit(self, workload: str):
         return TASKS[workload]()
 
-    def wait(self, handle, timeout: float) -> float:
+    def wait(self, handle, timeout: float) -> dict:
         return handle.get(blocking=True, timeout=timeout)
 
     def versions(self) -> str:

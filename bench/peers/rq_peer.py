@@ -30,7 +30,7 @@ class Driver(BaseDriver):
     def submit(self, workload: str):
         return self.queue.enqueue(f"bench.peers.rq_peer.{workload}")
 
-    def wait(self, handle, timeout: float) -> float:
+    def wait(self, handle, timeout: float) -> dict:
         result = handle.latest_result(timeout=max(1, round(timeout)))
         if result is None:
             raise TimeoutError(f"rq job {handle.id} has no result after {timeout:.0f}s")

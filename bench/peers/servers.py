@@ -1,9 +1,10 @@
 """The peers' servers on loopback: a throwaway Redis and a throwaway PostgreSQL.
 
 Each one runs from a temp dir on a free port, in its own process group, and is stopped
-(then killed) by `stop()`, which bench/run.py calls in a `finally`. Both report their
-own counters, so that requests and bytes per job come from the server, as ZooKeeper's
-do for zktasks.
+(then killed) by `stop()`, which bench/run.py calls in a `finally`; a watchdog
+(zktasks.testing.start_watchdog) kills the group if the bench dies without that (SIGKILL).
+Both report their own counters, so that requests and bytes per job come from the server,
+as ZooKeeper's do for zktasks.
 """
 
 import contextlib
@@ -21,6 +22,39 @@ START_DEADLINE = 30.0
 
 class ServerMissing(Exception):
     """A server binary is not installed; the message says how to install it."""
+
+
+class ServerStartError(ServerMissing):
+    """A server is installed but did not start; the message has its output and log."""
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+def watchdog(pgid: int) -> subprocess.Popen | None:
+    """Kill process group `pgid` if this interpreter dies without stopping it."""
+    from zktasks.testing import start_watchdog
+
+    # In the server's group, so that the group id stays ours while the watchdog lives
+    # and a terminal's Ctrl-C or hang-up, sent to the bench's group, spares it.
+    return start_watchdog(pgid)
+
+
+def end_watchdog(dog: subprocess.Popen | None) -> None:
+    """Once the group is gone: end the watchdog without letting it signal the group id
+    (closing its stdin would; the id could be reused)."""
+    if dog is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        dog.kill()
+    dog.wait()
+    with contextlib.suppress(OSError):
+        dog.stdin.close()
 
 
 def free_port() -> int:
@@ -52,18 +86,23 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def _kill_group(popen: subprocess.Popen, deadline: float = 10.0) -> None:
-    if popen.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            popen.send_signal(signal.SIGTERM)
-        try:
-            popen.wait(deadline)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait(10)
-    if group_pids(popen.pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(popen.pid, signal.SIGKILL)
+def _kill_group(popen: subprocess.Popen, dog: subprocess.Popen | None,
+                deadline: float = 10.0) -> None:
+    try:
+        if popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                popen.send_signal(signal.SIGTERM)
+            try:
+                popen.wait(deadline)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait(10)
+    finally:
+        # The watchdog is a member: while it lives, the group id cannot be reused.
+        if [pid for pid in group_pids(popen.pid) if dog is None or pid != dog.pid]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(popen.pid, signal.SIGKILL)
+        end_watchdog(dog)
 
 
 class RedisServer:
@@ -82,6 +121,7 @@ class RedisServer:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.popen: subprocess.Popen | None = None
+        self.watchdog: subprocess.Popen | None = None
 
     def start(self) -> None:
         self._log = open(self.dir / "redis.log", "wb")  # noqa: SIM115 - closed in stop()
@@ -91,6 +131,7 @@ class RedisServer:
              "--protected-mode", "yes"],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             process_group=0)
+        self.watchdog = watchdog(self.popen.pid)
         import redis
 
         self.client = redis.Redis.from_url(self.url)
@@ -101,8 +142,11 @@ class RedisServer:
                 break
             except redis.ConnectionError:
                 if self.popen.poll() is not None or time.monotonic() > limit:
-                    raise ServerMissing(
-                        f"redis-server did not start; log {self.dir}/redis.log") from None
+                    log = self.dir / "redis.log"
+                    raise ServerStartError(
+                        f"redis-server did not start within {START_DEADLINE:.0f}s (exit "
+                        f"code {self.popen.poll()}); fix what its log says and run again; "
+                        f"log {log}:\n{log_tail(log)}") from None
                 time.sleep(0.05)
         self.version = self.client.info("server")["redis_version"]
 
@@ -131,9 +175,9 @@ class RedisServer:
             return
         with contextlib.suppress(Exception):
             self.client.close()
-        _kill_group(self.popen)
+        _kill_group(self.popen, self.watchdog)
         self._log.close()
-        self.popen = None
+        self.popen = self.watchdog = None
 
 
 class PostgresServer:
@@ -163,6 +207,7 @@ class PostgresServer:
             # The bench's temp dir (mode 0700) must be traversable by that user.
             os.chmod(work_dir, os.stat(work_dir).st_mode | 0o711)
         self.popen: subprocess.Popen | None = None
+        self.watchdog: subprocess.Popen | None = None
 
     @staticmethod
     def _find_bin() -> Path:
@@ -178,10 +223,28 @@ class PostgresServer:
     def _as_owner(self, cmd: list[str]) -> list[str]:
         return ["runuser", "-u", self.user, "--", *cmd] if self.user else cmd
 
+    def _initdb(self) -> None:
+        """Make the cluster; a failure says what initdb said and where its log is."""
+        log = self.dir / "initdb.log"
+        cmd = self._as_owner([str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust",
+                              "-U", "bench", "-E", "UTF8", "--no-locale"])
+        try:
+            with open(log, "wb") as out:
+                done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out,
+                                      stderr=subprocess.STDOUT, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ServerStartError(
+                f"the django-tasks-db peer could not run {cmd[0]!r}: {exc}; install "
+                f"PostgreSQL (apt-get install -y postgresql, as root) or leave the peer out "
+                f"with --only; log {log}") from exc
+        if done.returncode:
+            raise ServerStartError(
+                f"initdb exited with code {done.returncode}; fix what it says (a broken "
+                f"PostgreSQL install: apt-get install --reinstall postgresql) or leave the "
+                f"django-tasks-db peer out with --only; log {log}:\n{log_tail(log)}")
+
     def start(self) -> None:
-        subprocess.run(self._as_owner([str(self.bin / "initdb"), "-D", str(self.data), "-A",
-                                       "trust", "-U", "bench", "-E", "UTF8", "--no-locale"]),
-                       check=True, capture_output=True, timeout=120)
+        self._initdb()
         self._log = open(self.dir / "postgres.log", "wb")  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
             self._as_owner([str(self.bin / "postgres"), "-D", str(self.data),
@@ -190,6 +253,7 @@ class PostgresServer:
                             "-c", "max_connections=50"]),
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             process_group=0)
+        self.watchdog = watchdog(self.popen.pid)
         limit = time.monotonic() + START_DEADLINE
         while True:
             ready = subprocess.run([str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p",
@@ -197,7 +261,11 @@ class PostgresServer:
             if ready.returncode == 0:
                 break
             if self.popen.poll() is not None or time.monotonic() > limit:
-                raise ServerMissing(f"postgres did not start; log {self.dir}/postgres.log")
+                log = self.dir / "postgres.log"
+                raise ServerStartError(
+                    f"postgres did not start within {START_DEADLINE:.0f}s (exit code "
+                    f"{self.popen.poll()}); fix what its log says and run again; log "
+                    f"{log}:\n{log_tail(log)}")
             time.sleep(0.1)
         self.version = subprocess.run([str(self.bin / "postgres"), "--version"],
                                       capture_output=True, text=True).stdout.strip()
@@ -209,10 +277,14 @@ class PostgresServer:
     def stop(self) -> None:
         if self.popen is None:
             return
-        # SIGINT is PostgreSQL's "fast shutdown": it ends the sessions and exits.
+        # SIGINT is PostgreSQL's "fast shutdown": it ends the sessions and exits. Sent to
+        # each member (runuser forwards no SIGINT), but not to the watchdog, which it
+        # would end before its time.
         if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGINT)
-        _kill_group(self.popen)
+            for pid in group_pids(self.popen.pid):
+                if self.watchdog is None or pid != self.watchdog.pid:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGINT)
+        _kill_group(self.popen, self.watchdog)
         self._log.close()
-        self.popen = None
+        self.popen = self.watchdog = None
