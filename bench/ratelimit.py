@@ -14,13 +14,20 @@ and waits for every result. From the jobs' recorded start times it reports:
   burst plus R);
 * how the starts fell to the workers (the limit holds for the sum, not for each).
 
-Nothing is asserted: the figures are for the README and bench/README.
+Nothing is asserted: the figures are for the README and bench/README. Exit status 0
+when every job succeeded, 1 otherwise, 2 when ZooKeeper could not start. The workers run
+in their own process groups, each with a watchdog that kills the group if the harness is
+SIGKILLed; the harness stops them, and its ZooKeeper, also on errors, Ctrl-C, SIGTERM and
+SIGHUP, and keeps its work dir only when the run failed.
 """
 
 import argparse
 import bisect
+import contextlib
 import os
 import secrets
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +36,35 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+STOP_DEADLINE = 30.0   # seconds for the workers to exit after SIGTERM, then SIGKILL
+
+
+def _raise_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def stop_workers(procs: list[tuple[subprocess.Popen, subprocess.Popen | None]]) -> None:
+    """SIGTERM every worker, wait (SIGKILL after STOP_DEADLINE), then kill what is left of
+    each group and end its watchdog."""
+    from bench.peers.servers import end_watchdog, group_pids
+
+    for proc, _ in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+    deadline = time.monotonic() + STOP_DEADLINE
+    for proc, dog in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"worker {proc.pid} did not exit after SIGTERM; killing it", file=sys.stderr)
+            proc.kill()
+            proc.wait(10)
+        finally:
+            if [pid for pid in group_pids(proc.pid) if dog is None or pid != dog.pid]:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            end_watchdog(dog)
 
 
 def main(argv=None) -> int:
@@ -38,50 +74,70 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args(argv)
+    # SIGTERM and a hang-up stop the run as Ctrl-C does: through the finally below.
+    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGHUP, _raise_exit)
 
     work = Path(tempfile.mkdtemp(prefix="zktasks-ratelimit-"))
     root = f"/ratelimit-{secrets.token_hex(4)}"
-    from zktasks.testing import ZooKeeperServer
+    from bench.peers.servers import watchdog
+    from zktasks.testing import ZooKeeperServer, ZooKeeperStartError, ZooKeeperUnavailable
 
-    zk = ZooKeeperServer(data_dir=work / "zookeeper").start(timeout=120)
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="bench.ratelimit_settings",
-               ZKTASKS_BENCH_HOSTS=zk.hosts, ZKTASKS_BENCH_ROOT=root,
-               ZKTASKS_BENCH_RATE=args.rate)
-    os.environ.update(env)
-    import django
-
-    django.setup()
-    from django.tasks import task_backends
-
-    from bench.tasks import noop
-    from zktasks.ratelimit import parse_rate
-
-    limit = parse_rate(args.rate, "--rate")
-    procs = []
+    zk = None
+    procs: list[tuple[subprocess.Popen, subprocess.Popen | None]] = []
+    ok = False
     try:
+        zk = ZooKeeperServer(data_dir=work / "zookeeper")
+        zk.start(timeout=120)
+        env = dict(os.environ, DJANGO_SETTINGS_MODULE="bench.ratelimit_settings",
+                   ZKTASKS_BENCH_HOSTS=zk.hosts, ZKTASKS_BENCH_ROOT=root,
+                   ZKTASKS_BENCH_RATE=args.rate)
+        os.environ.update(env)
+        import django
+
+        django.setup()
+        from django.tasks import task_backends
+
+        from bench.tasks import noop
+        from zktasks.ratelimit import parse_rate
+
+        limit = parse_rate(args.rate, "--rate")
         results = noop.using(queue_name="limited").submit_many([((), {})] * args.jobs)
         for i in range(args.workers):
-            log = open(work / f"worker{i}.log", "wb")  # noqa: SIM115 - the child holds it
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "django", "runworker", "--queues", "limited",
-                 "--pool", "thread", "--concurrency", str(args.concurrency),
-                 "--name", f"rl{i}", "-v", "1"],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL))
+            with open(work / f"worker{i}.log", "wb") as log:   # the child keeps its copy
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "django", "runworker", "--queues", "limited",
+                     "--pool", "thread", "--concurrency", str(args.concurrency),
+                     "--name", f"rl{i}", "-v", "1"],
+                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, process_group=0)
+            procs.append((proc, watchdog(proc.pid)))
         budget = 120 + 2 * args.jobs / limit.per_second
         deadline = time.monotonic() + budget
         done = [r.wait(timeout=max(1.0, deadline - time.monotonic())) for r in results]
         backend = task_backends["default"]
         done = [backend.get_result(r.id) for r in done]
+        ok = all(r.status.name == "SUCCESSFUL" for r in done)
+    except (ZooKeeperUnavailable, ZooKeeperStartError) as exc:
+        print(f"ratelimit: ZooKeeper did not start: {exc}", file=sys.stderr)
+        return 2
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
-        from zktasks.client import close_clients
+        # A second Ctrl-C or SIGTERM must not cut the cleanup short.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        try:
+            stop_workers(procs)
+        finally:
+            with contextlib.suppress(Exception):
+                from zktasks.client import close_clients
 
-        close_clients()  # before the server goes, or kazoo logs the dropped connection
-        zk.close()
+                close_clients()  # before the server goes, or kazoo logs the dropped connection
+            if zk is not None:
+                zk.stop()
+            if ok:
+                shutil.rmtree(work, ignore_errors=True)
+            else:
+                print(f"ratelimit: work dir kept: {work}", file=sys.stderr)
     starts = sorted(r.started_at.timestamp() for r in done)
     span = starts[-1] - starts[0]
     achieved = (len(starts) - 1) / span if span else float("inf")
@@ -94,8 +150,9 @@ def main(argv=None) -> int:
     print(f"most starts in any 1 s window: {most} (the bucket allows "
           f"{limit.burst + limit.per_second:g})")
     print("starts per worker: " + ", ".join(f"{w} {n}" for w, n in sorted(by_worker.items())))
-    print(f"states: {dict(Counter(str(r.status) for r in done))}")
-    return 0
+    states = Counter(r.status.name for r in done)
+    print(f"states: {dict(states)}")
+    return 0 if set(states) == {"SUCCESSFUL"} else 1
 
 
 if __name__ == "__main__":
