@@ -133,6 +133,9 @@ class EagerConnectionHandler(ConnectionHandler):
         try:
             return super()._connect_attempt(host, hostip, port, retry)
         finally:
+            forget = getattr(self.client.handler, "forget_selectors", None)
+            if forget is not None:
+                forget()  # on kazoo's connection thread, whose cache it is
             # The connection is over (kazoo has failed what it knew to be pending): no
             # more sends at once, and what was sent at once since then fails too, or
             # its replies would be looked for on the next connection.

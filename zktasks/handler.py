@@ -184,6 +184,16 @@ class SelectorCachingHandler(SequentialThreadingHandler):
             raise
         return conn
 
+    def forget_selectors(self) -> None:
+        """Close this thread's cached selectors. Called when a connection ends: a socket
+        made next may get both the old one's id() and its fd, and a selector cached for
+        the old one (epoll dropped the closed fd) would never report it readable."""
+        cache = getattr(self._local, "cache", None)
+        if cache:
+            for old in cache.values():
+                old.close()
+            cache.clear()
+
     def select(self, rlist, wlist, xlist, timeout=None):
         if xlist or (timeout is not None and timeout < 0):
             return super().select(rlist, wlist, xlist, timeout)
