@@ -935,6 +935,17 @@ def analyze(chaos: Chaos, submitter: Submitter, monitor: Monitor, root: str,
                                "problem": f"{len(starts)} runs started but only "
                                           f"{record.get('attempts')} attempts recorded"})
 
+    # One submission, one job: a submit retried after a refusal (same unique key) must
+    # find the job it may have made, not make a second one whose effect counts as once.
+    jobs_of_seq: dict[int, set[str]] = defaultdict(set)
+    for run in runs:
+        if run.mark == "E" and run.job_id not in ignore:
+            jobs_of_seq[run.seq].add(run.job_id)
+    for seq, job_ids in sorted(jobs_of_seq.items()):
+        if len(job_ids) > 1:
+            violations.append({"seq": seq, "problem": f"submission {seq} ran as "
+                               f"{len(job_ids)} jobs: {sorted(job_ids)}"})
+
     unknown_runs = sorted({r.job_id for r in runs} - set(status) - ignore)
     for job_id in unknown_runs:
         violations.append({"job_id": job_id, "problem": "ran, but no status record exists"})
@@ -1079,15 +1090,20 @@ def gave_up(chaos: Chaos, record: dict, starts: list[Run]) -> bool:
     errors = record.get("errors") or []
     if not errors or not errors[-1].get("exception_class_path", "").endswith(".WorkerLost"):
         return False
+    finished = record.get("finished_at")
+    finished = datetime.fromisoformat(finished).timestamp() if finished else float("inf")
     for error in errors:
         if not error.get("exception_class_path", "").endswith(".WorkerLost"):
             return False
         worker_id = error.get("worker_id") or ""
-        began = min((r.at for r in starts if r.attempt == error.get("attempt")
+        attempt = error.get("attempt") or 0
+        began = min((r.at for r in starts if r.attempt == attempt
                      and r.worker_id == worker_id), default=chaos.t0)
+        # The loss was noticed before the next attempt started (or the job was failed).
+        until = min((r.at for r in starts if r.attempt > attempt), default=finished)
         proc = chaos.proc_named(owner_name(worker_id))
         crashed = proc is not None and proc.state == "crashed"
-        if not crashed and not faults_for(chaos, worker_id, began, float("inf")):
+        if not crashed and not faults_for(chaos, worker_id, began, until):
             return False
     return True
 
@@ -1109,12 +1125,15 @@ def explain_duplicate(chaos: Chaos, job_id: str, record: dict, effects_done: lis
         until = min((r.at for r in starts if r.attempt > run.attempt), default=float("inf"))
         error = next((e for e in errors if e.get("attempt") == run.attempt
                       and e.get("worker_id") == run.worker_id), None)
-        if error is None:
-            explained = False
         what = error["exception_class_path"].rsplit(".", 1)[1] if error else "NO ERROR RECORDED"
         text = f"attempt {run.attempt} on {run.worker_id}: effect at {run.at - t0:+.2f}s"
         hits = []
-        for fault in faults_for(chaos, run.worker_id, began, until):
+        faults = faults_for(chaos, run.worker_id, began, until)
+        if error is None or not faults:
+            # A repeat with no fault on its worker would be zktasks declaring a healthy
+            # worker lost: that is a finding, not at-least-once.
+            explained = False
+        for fault in faults:
             hit = f"#{fault.n} {fault.kind}@{fault.at - t0:+.2f}s"
             if fault.kind.startswith("pause") and fault.ended_at and run.at > fault.ended_at:
                 hit += " (effect after SIGCONT; its completion was refused)"
@@ -1138,16 +1157,37 @@ def explain_duplicate(chaos: Chaos, job_id: str, record: dict, effects_done: lis
 
 def faults_for(chaos: Chaos, worker_id: str, began: float, until: float) -> list[Fault]:
     """Faults that could have kept a run from recording its outcome: those on its worker's
-    process and ZooKeeper's, active between the run's start and the next attempt's."""
+    process, active between the run's start and the next attempt's, and ZooKeeper's
+    when the worker's log shows its connection suspended or its session expired then (a
+    member down does not touch a worker connected to another one)."""
     name = owner_name(worker_id)
     found = []
+    troubled = None
     for fault in chaos.faults:
         if fault.target != name and not fault.kind.startswith("zk_"):
             continue
         ended = fault.ended_at or fault.at
-        if fault.at <= until and ended >= began - 0.5:
-            found.append(fault)
+        if not (fault.at <= until and ended >= began - 0.5):
+            continue
+        if fault.target != name:
+            if troubled is None:
+                troubled = session_trouble(chaos, worker_id, began - 0.5, until)
+            if not troubled:
+                continue
+        found.append(fault)
     return found
+
+
+def session_trouble(chaos: Chaos, worker_id: str, began: float, until: float) -> bool:
+    """Whether `worker_id`'s log says its connection was suspended or its session expired
+    between `began` and `until`."""
+    proc = chaos.proc_named(owner_name(worker_id))
+    if proc is None:
+        return False
+    marks = (f"ZooKeeper connection suspended worker={worker_id}",
+             f"ZooKeeper session expired worker={worker_id}")
+    return any(began <= t <= until and message.startswith(marks)
+               for t, _, _, message in proc.log_lines())
 
 
 def leader_elections(chaos: Chaos) -> list[tuple[float, str]]:
