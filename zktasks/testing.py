@@ -950,10 +950,16 @@ class ZooKeeperEnsemble:
             return None
         return ",".join(server.secure_hosts for server in self.servers)
 
-    def modes(self) -> dict[int, str | None]:
-        """Each member's id mapped to its "srvr" mode (None when down or not serving)."""
+    def modes(self, timeout: float = 10.0) -> dict[int, str | None]:
+        """Each member's id mapped to its "srvr" mode (None when down or not serving).
+
+        One probe per member, each waiting up to ``timeout`` for the answer: a member that
+        serves answers in milliseconds, but a busy machine can make that seconds, and a
+        short probe would report it as not serving. A member that is down refuses the
+        connection at once; a paused one is not asked.
+        """
         return {
-            s.server_id or 0: (s.mode() if s.is_running and not s.is_paused else None)
+            s.server_id or 0: (s.mode(timeout) if s.is_running and not s.is_paused else None)
             for s in self.servers
         }
 
@@ -975,8 +981,12 @@ class ZooKeeperEnsemble:
             raise
         return self
 
-    def leader(self, timeout: float = 15.0) -> ZooKeeperServer:
-        """The member that reports "Mode: leader", waiting for an election to finish."""
+    def leader(self, timeout: float = 60.0) -> ZooKeeperServer:
+        """The member that reports "Mode: leader", waiting for an election to finish.
+
+        ``timeout`` is a deadline, not a wait: an election on loopback takes well under a
+        second, but on a loaded machine it (and each JVM's share of the CPU) can take
+        many."""
         found: list[ZooKeeperServer] = []
 
         def elected() -> bool:
@@ -1098,6 +1108,15 @@ class DockerZooKeeper:
             return False
         return container.status in ("running", "paused")
 
+    @property
+    def is_paused(self) -> bool:
+        try:
+            container = self._container.get_wrapped_container()
+            container.reload()
+        except Exception:
+            return False
+        return container.status == "paused"
+
     def mode(self, timeout: float = 1.0) -> str | None:
         return _mode(self._host, self._port, timeout)
 
@@ -1187,27 +1206,49 @@ def start_zookeeper(**kw: Any) -> ZooKeeperServer | DockerZooKeeper:
 # --------------------------------------------------------------------------- pytest
 
 
-def _delete_tree(hosts: str, path: str) -> None:
+_DELETE_ATTEMPTS = 8
+
+
+def _new_client(hosts: str, **kwargs: Any) -> Any:
+    """A kazoo client that reconnects promptly (as zktasks' own do): kazoo's default
+    backoff grows toward an hour between attempts, so a client that lost a server
+    restarted by a test would come back long after it serves again."""
     from kazoo.client import KazooClient
+    from kazoo.retry import KazooRetry
+
+    return KazooClient(
+        hosts=hosts,
+        connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
+        **kwargs,
+    )
+
+
+def _delete_tree(hosts: str, path: str) -> None:
     from kazoo.exceptions import NoNodeError, NotEmptyError
 
-    client = KazooClient(hosts=hosts, timeout=5.0)
+    client = _new_client(hosts, timeout=30.0)
     try:
-        client.start(timeout=5.0)
-        # Sessions still closing can add or drop ephemeral children meanwhile.
-        for _ in range(5):
+        client.start(timeout=30.0)
+        # Sessions still closing can add ephemeral children meanwhile: try again, with
+        # a short pause growing each time.
+        pause = threading.Event()
+        for attempt in range(_DELETE_ATTEMPTS):
             try:
                 client.delete(path, recursive=True)
                 return
             except NoNodeError:
                 return
             except NotEmptyError:
-                continue
+                if attempt + 1 < _DELETE_ATTEMPTS:
+                    pause.wait(0.05 * 2**attempt)  # 6.4 s in all at most
+        log.warning("gave up deleting %s on %s: it kept gaining children (%d attempts)",
+                    path, hosts, _DELETE_ATTEMPTS)
     except Exception as exc:
         log.warning("could not delete %s on %s: %s", path, hosts, exc)
     finally:
         with contextlib.suppress(Exception):
             client.stop()
+        with contextlib.suppress(Exception):
             client.close()
 
 
@@ -1255,20 +1296,22 @@ else:
     def _revive(server: ZooKeeperServer | DockerZooKeeper) -> None:
         # A test that crashed or froze the shared server must not fail every
         # test after it.
-        if isinstance(server, ZooKeeperServer):
-            if server.is_paused:
-                log.warning("resuming the session's ZooKeeper %s, left paused", server.hosts)
-                server.resume()
-            elif not server.is_running:
-                log.warning("restarting the session's ZooKeeper %s, left down", server.hosts)
-                server.start()
+        if server.is_paused:
+            log.warning("resuming the session's ZooKeeper %s, left paused", server.hosts)
+            server.resume()
         elif not server.is_running:
-            log.warning("restarting the session's ZooKeeper container %s", server.hosts)
-            server.restart()
+            log.warning("restarting the session's ZooKeeper %s, left down", server.hosts)
+            if isinstance(server, ZooKeeperServer):
+                server.start()
+            else:
+                server.restart()
 
     @pytest.fixture
     def zk_root(zookeeper: ZooKeeperServer | DockerZooKeeper, zk_hosts: str) -> Iterator[str]:
-        """A unique, not yet created root path for this test; removed afterwards."""
+        """A unique root path for this test, not yet created (the code under test, or the
+        test, makes it); removed with everything below it afterwards. Restarts (or
+        resumes) the session's server first if an earlier test left it down (or paused).
+        """
         _revive(zookeeper)
         root = f"/zktasks-test-{secrets.token_hex(8)}"
         yield root
@@ -1276,12 +1319,13 @@ else:
 
     @pytest.fixture
     def zk_client(zookeeper: ZooKeeperServer | DockerZooKeeper, zk_hosts: str) -> Iterator[Any]:
-        """A connected kazoo KazooClient, closed after the test."""
-        from kazoo.client import KazooClient
-
+        """A connected kazoo KazooClient, closed after the test. It reconnects within a
+        second of the server serving again (not with kazoo's backoff of up to an hour).
+        Restarts (or resumes) the session's server first if an earlier test left it down.
+        """
         _revive(zookeeper)
-        client = KazooClient(hosts=zk_hosts)
-        client.start(timeout=15.0)
+        client = _new_client(zk_hosts)
+        client.start(timeout=60.0)
         try:
             yield client
         finally:
