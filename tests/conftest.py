@@ -1,6 +1,7 @@
 """Fixtures shared by the suite. The ZooKeeper fixtures (zookeeper, zk_hosts, zk_root,
 zk_client, zk_ensemble) come from the zktasks.testing plugin."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -33,6 +34,33 @@ def use_zookeeper(settings, monkeypatch, hosts: str, root: str, **options):
     monkeypatch.setenv("ZKTASKS_TEST_HOSTS", hosts)
     monkeypatch.setenv("ZKTASKS_TEST_ROOT", root)
     return settings
+
+
+def impatient(store, seconds: float = 1.0):
+    """Make `store` give up on ZooKeeper after `seconds` (its CONNECT_TIMEOUT: bounded
+    calls, pipelined multis) from now on; return a function that puts its own back.
+
+    For the frozen part of a test only: the first connect and the first writes to a
+    freshly started server keep the generous bound, which a loaded machine may need.
+    """
+    generous = store.options
+    store.options = dataclasses.replace(generous, connect_timeout=seconds)
+
+    def restore() -> None:
+        store.options = generous
+
+    return restore
+
+
+@pytest.fixture(autouse=True)
+def _fresh_live_states():
+    """Each test starts and ends without a dashboard live cache of an earlier test: its
+    thread and watches would keep reading (and counting in watch tallies) meanwhile."""
+    from zktasks import dashboard
+
+    dashboard.reset_live_states()
+    yield
+    dashboard.reset_live_states()
 
 
 @pytest.fixture
@@ -72,17 +100,17 @@ def start_worker(zk_settings):
         worker = Worker(**kwargs)
         thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
         thread.start()
+        started.append((worker, thread))  # stopped after the test even if it never registers
         # A process-pool worker registers once its task processes have set up Django
         # (seconds on a loaded machine): the bound is for a worker that never does.
         assert worker.registered.wait(60), "worker did not register"
-        started.append((worker, thread))
         return worker
 
     yield start
     for worker, _ in started:
         worker.stop(graceful=False)
     for worker, thread in started:
-        thread.join(15)
+        thread.join(60)
         assert not thread.is_alive(), f"worker {worker.worker_id} did not stop"
 
 
@@ -112,5 +140,5 @@ def runworker(zk_settings, tmp_path):
     for proc in procs:
         if proc.poll() is None:
             proc.kill()
-        proc.wait(15)
+        proc.wait(60)
         proc.log_handle.close()

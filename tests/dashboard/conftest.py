@@ -1,17 +1,8 @@
-"""Fixtures of the dashboard tests: users of each kind, URLs, a clean live cache."""
+"""Fixtures of the dashboard tests: users of each kind, URLs. (Each test's clean live
+cache comes from tests/conftest.py, for the whole suite.)"""
 
 import pytest
 from django.urls import reverse
-
-
-@pytest.fixture(autouse=True)
-def _fresh_live_states():
-    """Each test starts and ends without a live cache of an earlier test's ROOT."""
-    from zktasks import dashboard
-
-    dashboard.reset_live_states()
-    yield
-    dashboard.reset_live_states()
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ def test_job_of_a_sigkilled_worker_completes_elsewhere(backend, runworker, zk_cl
     victim_id = record["worker_ids"][-1]
     victim = worker_proc(procs, victim_id)
     victim.send_signal(signal.SIGKILL)
-    victim.wait(10)
+    victim.wait(60)
     # Its session times out; the leader (the other worker, or a new one) hands the job
     # back and the survivor runs it again.
     wait_for_data(zk_client, backend.store.layout.status(job.id),
@@ -162,7 +162,10 @@ def test_a_worker_started_before_zookeeper_waits_for_it(runworker, settings, mon
     from zktasks.testing import ZooKeeperServer, free_port
 
     port = free_port()
-    use_zookeeper(settings, monkeypatch, f"127.0.0.1:{port}", zk_root, CONNECT_TIMEOUT=1.0)
+    # The worker's attempts give up after 1 s (ZKTASKS_TEST_CONNECT_TIMEOUT), so that it
+    # soon says it tries again; this process keeps the generous default for its submit to
+    # the server started below.
+    use_zookeeper(settings, monkeypatch, f"127.0.0.1:{port}", zk_root)
     proc = runworker("--pool", "thread", name="early",
                      env={"PYTHONUNBUFFERED": "1", "ZKTASKS_TEST_CONNECT_TIMEOUT": "1"})
     wait_until(lambda: "Trying again (attempt 3" in proc.log_path.read_text(), 60,
@@ -172,7 +175,7 @@ def test_a_worker_started_before_zookeeper_waits_for_it(runworker, settings, mon
     try:
         wait_until(lambda: "worker registered" in proc.log_path.read_text(), 60,
                    "the worker to register once ZooKeeper is up")
-        assert tasks.add.submit(2, 3).wait(timeout=30).return_value == 5
+        assert tasks.add.submit(2, 3).wait(timeout=60).return_value == 5
         assert proc.poll() is None
     finally:
         proc.terminate()
@@ -310,7 +313,7 @@ def test_task_process_dies_with_its_worker(backend, runworker, zk_client, tmp_pa
     wait_until(pid_file.exists, 30, "the task to start")
     task_pid = int(pid_file.read_text())
     proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
+    proc.wait(60)
 
     def gone():
         # Dead, or a zombie nobody has reaped yet (it runs nothing any more).
@@ -320,7 +323,7 @@ def test_task_process_dies_with_its_worker(backend, runworker, zk_client, tmp_pa
         except FileNotFoundError:
             return True
 
-    wait_until(gone, 10, f"task process {task_pid} to die with its worker")
+    wait_until(gone, 60, f"task process {task_pid} to die with its worker")
 
 
 @pytest.mark.parametrize("args,message", [

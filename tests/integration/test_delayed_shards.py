@@ -110,14 +110,14 @@ def test_the_dashboard_counts_and_lists_delayed_jobs_across_shards(backend, zk_c
         reader.client.get_children_async = real
 
     state = dashboard.live_state(backend)
-    wait_until(lambda: state.snapshot()["totals"]["delayed"] == 4, 20, "counts")
+    wait_until(lambda: state.snapshot()["totals"]["delayed"] == 4, 60, "counts")
     counts = {q["name"]: q["delayed"] for q in state.snapshot()["queues"]}
     assert counts == {"default": 3, "emails": 1}
     # A job leaving a shard that stays (no leader runs here to sweep it) fires no watch
     # the cache holds: the poll sees the shard's cversion move and lists that shard.
     assert backend.cancel(mail.id) is True
     assert len(delayed_nodes(zk_client, backend.store.layout)) == 3
-    wait_until(lambda: state.snapshot()["totals"]["delayed"] == 3, 20, "the new count")
+    wait_until(lambda: state.snapshot()["totals"]["delayed"] == 3, 60, "the new count")
     counts = {q["name"]: q["delayed"] for q in state.snapshot()["queues"]}
     assert counts["default"] == 3 and not counts.get("emails")
 

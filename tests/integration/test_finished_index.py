@@ -71,7 +71,7 @@ def test_entries_written_directly_in_a_bucket_are_read_counted_and_retried(
     assert [r.id for r in reader.results(state="FAILED").rows] == [bad.id]
     assert ("finished index", old) in reader._places(backend.store.read_status(bad.id).record)
     state = dashboard.live_state(backend)
-    wait_until(lambda: state.snapshot()["totals"]["failed"] == 1, 20, "counts")
+    wait_until(lambda: state.snapshot()["totals"]["failed"] == 1, 60, "counts")
     assert state.snapshot()["totals"]["succeeded"] == 1
 
     # retry() finds the entry where it is and removes it in its multi.

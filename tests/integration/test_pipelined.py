@@ -9,7 +9,7 @@ from django.tasks.signals import task_enqueued
 
 import zktasks
 from tests import tasks
-from tests.conftest import use_zookeeper
+from tests.conftest import impatient, use_zookeeper
 from tests.pending import delayed_nodes, pending_nodes
 from zktasks import pipeline
 
@@ -176,12 +176,14 @@ def test_a_receiver_that_raises_does_not_stop_the_block_writing(backend, zk_clie
 
 @pytest.fixture
 def freezable_backend(settings, own_server, zk_root, monkeypatch):
-    """The default backend on `own_server`, giving up on a frozen ZooKeeper after 1 s; the
-    session (30 s) outlives the freeze, so the requests queued meanwhile land after it."""
+    """The default backend on `own_server`; the session (30 s) outlives a freeze, so the
+    requests queued meanwhile land after it. The tests make it give up on the frozen
+    ZooKeeper after 1 s (`impatient`) only once the first job is written: the first
+    connect and writes to the fresh server keep the generous CONNECT_TIMEOUT."""
     from django.tasks import task_backends
 
     use_zookeeper(settings, monkeypatch, own_server.hosts, zk_root,
-                  CONNECT_TIMEOUT=1.0, SESSION_TIMEOUT=30.0)
+                  CONNECT_TIMEOUT=60.0, SESSION_TIMEOUT=30.0)
     monkeypatch.setattr(pipeline, "BATCH_JOBS", 1)  # a multi per job
     monkeypatch.setattr(pipeline, "WINDOW", 2)
     return task_backends["default"]
@@ -209,6 +211,7 @@ def test_a_submit_that_raises_did_not_send_its_job(freezable_backend, own_server
     returned, refused = [], None
     with zktasks.pipelined() as pipe:
         first = _written_first(pipe)
+        restore = impatient(backend.store)
         own_server.pause()
         try:
             with pytest.raises(zktasks.ZooKeeperUnavailableError) as raised:
@@ -218,6 +221,7 @@ def test_a_submit_that_raises_did_not_send_its_job(freezable_backend, own_server
                     returned.append(pipe.send(record, result).id)
         finally:
             own_server.resume()
+            restore()  # the block's end writes to a thawed server: no 1 s bound there
     assert refused not in returned
     # Read on the pipeline's own session, after its requests: any sent earlier have landed.
     with backend.store.bounded(30.0):
@@ -238,14 +242,18 @@ def test_jobs_named_by_an_error_the_block_caught_are_written_when_it_ends(
     returned, named = [], []
     with zktasks.pipelined() as pipe:
         first = _written_first(pipe)
-        own_server.pause()  # the multis below reach its socket, unread
-        for n in range(1, 4):
-            record, result = _prepare_in_shard_of(backend, first, n)
-            try:
-                returned.append(pipe.send(record, result).id)
-            except zktasks.ZooKeeperUnavailableError as exc:  # caught; the view goes on
-                named += [job_id for job_id in returned if job_id in str(exc)]
-        assert named, "no submit raised"
+        restore = impatient(backend.store)
+        try:
+            own_server.pause()  # the multis below reach its socket, unread
+            for n in range(1, 4):
+                record, result = _prepare_in_shard_of(backend, first, n)
+                try:
+                    returned.append(pipe.send(record, result).id)
+                except zktasks.ZooKeeperUnavailableError as exc:  # caught; the view goes on
+                    named += [job_id for job_id in returned if job_id in str(exc)]
+            assert named, "no submit raised"
+        finally:
+            restore()  # the block's end writes to the restarted server: no 1 s bound there
         back = threading.Event()
         backend.store.raw_client.add_listener(
             lambda state: back.set() if state == KazooState.CONNECTED else None)
@@ -261,16 +269,19 @@ def test_an_error_in_the_block_names_the_jobs_not_confirmed(freezable_backend, o
     """The block raises while ZooKeeper is frozen: its error propagates, with a note
     naming the returned jobs that flush could not confirm."""
     backend = freezable_backend
+    restore = lambda: None  # noqa: E731 - until the first job is written
     try:
         with pytest.raises(RuntimeError, match="view failed") as raised, \
                 zktasks.pipelined() as pipe:
             first = _written_first(pipe)
+            restore = impatient(backend.store)  # the block's end meets the frozen server
             own_server.pause()
             returned = [pipe.send(*_prepare_in_shard_of(backend, first, n)).id
                         for n in (1, 2)]
             raise RuntimeError("view failed")
     finally:
         own_server.resume()
+        restore()
     notes = "\n".join(getattr(raised.value, "__notes__", []))
     assert "may not have been written" in notes
     assert all(job_id in notes for job_id in returned), notes
