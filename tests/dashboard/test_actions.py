@@ -119,7 +119,7 @@ def test_purge_finished_results_after_a_confirmation(admin_client, backend, star
     from zktasks import dashboard
 
     state = dashboard.live_state(backend)
-    wait_until(lambda: state.snapshot()["totals"]["succeeded"] == 3, 20, "counts")
+    wait_until(lambda: state.snapshot()["totals"]["succeeded"] == 3, 60, "counts")
 
     form = admin_client.get(url("zktasks_purge"))
     assert form.status_code == 200 and "Review" in form.content.decode()

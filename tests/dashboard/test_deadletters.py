@@ -56,7 +56,7 @@ def test_the_page_lists_entries_escaped(admin_client, backend, zk_client):
 def test_the_overview_counts_and_links_them(admin_client, backend, zk_client):
     plant(backend, zk_client, "junk", b"x")
     state = dashboard.live_state(backend)
-    wait_until(lambda: state.snapshot()["totals"]["dead_letters"] == 1, 20, "count")
+    wait_until(lambda: state.snapshot()["totals"]["dead_letters"] == 1, 60, "count")
     html = admin_client.get(url("zktasks_overview")).content.decode()
     assert (f'<a href="{url("zktasks_deadletters")}"><span data-live="totals.dead_letters">'
             '1</span> dead letters</a>') in html

@@ -27,7 +27,7 @@ def test_user_supplied_text_is_escaped_everywhere(admin_client, backend, start_w
     from zktasks import dashboard
 
     state = dashboard.live_state(backend)
-    wait_until(lambda: state.snapshot()["recent_failures"], 20, "the failure in the cache")
+    wait_until(lambda: state.snapshot()["recent_failures"], 60, "the failure in the cache")
     for page in pages(job.id, f"/status/{job.id}") + [url("zktasks_pending"),
                                                       url("zktasks_assignments")]:
         response = admin_client.get(page)
@@ -68,6 +68,14 @@ def test_a_tampered_payload_is_not_unpickled_by_the_web_process(admin_client, ba
     html = admin_client.get(url("zktasks_tree", path=f"/status/{job.id}")).content.decode()
     assert "signed dill" in html
     admin_client.get(url("zktasks_live", job=job.id))
+    # The live cache reads the job on its own thread: wait until it has read the tampered
+    # record (its version), or the check below could come before the read it is about.
+    from zktasks import dashboard
+
+    state = dashboard.live_state(backend)
+    tampered = stat.version + 1
+    wait_until(lambda: state.snapshot(job_id=job.id)["job"]["version"] == tampered, 60,
+               "the live cache to read the tampered record")
     admin_client.get(url("zktasks_overview"))
     assert not marker.exists()
 
@@ -110,7 +118,7 @@ def test_a_record_of_an_odd_shape_breaks_no_page(admin_client, backend, start_wo
     from zktasks import dashboard
 
     state = dashboard.live_state(backend)
-    wait_until(lambda: state.snapshot()["recent_failures"], 20, "the failure in the cache")
+    wait_until(lambda: state.snapshot()["recent_failures"], 60, "the failure in the cache")
     for page in pages(odd_id.id, f"/status/{odd_id.id}") + [
             url("zktasks_job_change", odd_extra.id), url("zktasks_pending"),
             url("zktasks_assignments")]:

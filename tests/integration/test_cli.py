@@ -30,7 +30,7 @@ def test_status_shows_the_leader_workers_and_counts_per_queue(backend, start_wor
     assert tasks.add.submit(1, 2).wait(timeout=30).status == TaskResultStatus.SUCCESSFUL
     assert tasks.boom.submit("no").wait(timeout=30).status == TaskResultStatus.FAILED
     waiting = tasks.email.submit("ada@example.com")  # no worker serves "emails"
-    wait_until(lambda: json.loads(zktasks("status", "--json"))["leader"], 20, "a leader")
+    wait_until(lambda: json.loads(zktasks("status", "--json"))["leader"], 60, "a leader")
 
     data = json.loads(zktasks("status", "--json"))
     queues = {q["name"]: q for q in data["queues"]}
@@ -293,7 +293,7 @@ def test_escape_sequences_in_a_tasks_error_do_not_reach_the_terminal(backend, st
         return [r.getMessage() for r in caplog.records
                 if r.getMessage().startswith("job failed")]
     # The worker logs the failure once it is recorded: maybe just after wait() returned.
-    wait_until(logged, 10, "the worker's log line")
+    wait_until(logged, 60, "the worker's log line")
     head, *block = logged()[0].split("\n")
     assert "\x1b" not in logged()[0]
     assert "cleared\\nforged line" in head

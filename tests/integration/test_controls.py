@@ -16,11 +16,13 @@ from zktasks.exceptions import CorruptRecord, RetryRefused
 
 def test_run_after_is_not_run_before_its_time(backend, start_worker, zk_client):
     start_worker()
-    when = timezone.now() + timedelta(seconds=1.5)
+    # Far enough away that the read below comes first however slow the machine: at
+    # run_after the leader moves the job out of delayed/.
+    when = timezone.now() + timedelta(seconds=10)
     job = tasks.add.using(run_after=when).submit(1, 2)
     layout = backend.store.layout
     assert len(delayed_nodes(zk_client, layout)) == 1  # waiting, not pending
-    result = job.wait(timeout=30)
+    result = job.wait(timeout=60)
     assert result.return_value == 3
     assert result.started_at >= when
 
@@ -56,13 +58,14 @@ def test_naive_run_after_is_refused(backend):
 
 def test_run_after_survives_a_leader_change(backend, start_worker, zk_client):
     first = start_worker(name="first")
-    wait_until(lambda: first.leader is not None and first.leader.is_leader, 15, "a leader")
-    when = timezone.now() + timedelta(seconds=2)
+    wait_until(lambda: first.leader is not None and first.leader.is_leader, 60, "a leader")
+    # Far enough away that the leader surely dies before the job is due.
+    when = timezone.now() + timedelta(seconds=10)
     job = tasks.add.using(run_after=when).submit(4, 4)
     first.stop(graceful=False)  # the leader dies before the job is due
-    assert first.wait_stopped(15)
+    assert first.wait_stopped(60)
     second = start_worker(name="second")
-    result = job.wait(timeout=30)
+    result = job.wait(timeout=60)
     assert result.return_value == 8
     assert result.worker_ids == [second.worker_id]  # run exactly once
     assert result.started_at >= when
@@ -70,17 +73,19 @@ def test_run_after_survives_a_leader_change(backend, start_worker, zk_client):
 
 def test_backoff_waits_in_delayed_then_retries(backend, start_worker, zk_client):
     start_worker()
-    job = tasks.fails_once_with_backoff.submit()
+    # A backoff of 5 s keeps the job waiting for at least 2.5 s (the jitter's lower bound):
+    # the watch below sees that state however slow the machine (0.4 s gave 0.2 s).
+    job = tasks.fails_once_with_backoff.using(backoff=5.0).submit()
     record = wait_for_data(zk_client, backend.store.layout.status(job.id),
                            lambda d: d["state"] == "READY" and d["attempts"] == 1)
     assert record["run_after"]  # waiting for its backoff
-    result = job.wait(timeout=30)
+    result = job.wait(timeout=60)
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.attempts == 2
     first_failure = result.errors[0]
     assert first_failure.exception_class_path == "builtins.ConnectionError"
     # Second attempt no earlier than 0.5 × backoff after the first (jitter lower bound).
-    assert result.return_value - result.started_at >= timedelta(seconds=0.2)
+    assert result.return_value - result.started_at >= timedelta(seconds=2.5)
 
 
 def test_task_can_ask_for_a_retry(backend, start_worker):
@@ -104,13 +109,15 @@ def test_backoff_callable_can_stop_retrying(backend, start_worker):
 
 def test_killing_the_worker_during_backoff_loses_nothing(backend, start_worker, zk_client):
     first = start_worker(name="first")
-    job = tasks.fails_once_with_backoff.using(backoff=3.0).submit()
+    # At least 5 s of backoff (half of it, the jitter's lower bound): the worker is surely
+    # stopped while the job still waits, and the watch surely sees it waiting.
+    job = tasks.fails_once_with_backoff.using(backoff=10.0).submit()
     wait_for_data(zk_client, backend.store.layout.status(job.id),
                   lambda d: d["state"] == "READY" and d["attempts"] == 1)
     first.stop(graceful=False)
-    assert first.wait_stopped(15)
+    assert first.wait_stopped(60)
     second = start_worker(name="second")
-    result = job.wait(timeout=30)
+    result = job.wait(timeout=60)
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.attempts == 2 and result.worker_ids[1] == second.worker_id
 

@@ -165,8 +165,8 @@ def test_django_tasks_log_lines_are_written_without_other_receivers(backend, sta
         return [r.levelname for r in caplog.records if r.name == "django.tasks"
                 and r.getMessage() == f"Task id={job.id} path={job.task.module_path} "
                                       f"state={state}"]
-    wait_until(lambda: line(bad, "FAILED"), 10, "the failure's line")
-    wait_until(lambda: line(ok, "SUCCESSFUL"), 10, "the success's line")
+    wait_until(lambda: line(bad, "FAILED"), 60, "the failure's line")
+    wait_until(lambda: line(ok, "SUCCESSFUL"), 60, "the success's line")
     assert line(ok, "RUNNING") == ["INFO"] and line(ok, "SUCCESSFUL") == ["INFO"]
     assert line(bad, "FAILED") == ["ERROR"]
 
@@ -188,7 +188,7 @@ def test_signals_fire_after_each_recorded_transition(backend, start_worker):
         start_worker()
         job = tasks.add.submit(1, 1)
         job.wait(timeout=30)
-        wait_until(lambda: len(seen) == 3, 10, "three signals")
+        wait_until(lambda: len(seen) == 3, 60, "three signals")
     finally:
         task_enqueued.disconnect(receivers["enqueued"])
         task_started.disconnect(receivers["started"])
@@ -203,12 +203,12 @@ def test_signals_fire_after_each_recorded_transition(backend, start_worker):
 
 def test_leader_fails_over_when_its_worker_stops(backend, start_worker):
     first = start_worker(name="first")
-    wait_until(lambda: first.leader is not None and first.leader.is_leader, 15, "a leader")
+    wait_until(lambda: first.leader is not None and first.leader.is_leader, 60, "a leader")
     second = start_worker(name="second")
     assert tasks.add.submit(1, 1).wait(timeout=30).return_value == 2
     first.stop(graceful=False)
-    assert first.wait_stopped(15)
-    wait_until(lambda: second.leader is not None and second.leader.is_leader, 15,
+    assert first.wait_stopped(60)
+    wait_until(lambda: second.leader is not None and second.leader.is_leader, 60,
                "the second worker to lead")
     assert tasks.add.submit(2, 2).wait(timeout=30).worker_ids == [second.worker_id]
 
@@ -217,7 +217,7 @@ def _expire(zk_hosts, client):
     """Expire `client`'s session on the server: a second handle with its id, closed."""
     session_id, password = client.client_id
     twin = KazooClient(hosts=zk_hosts, client_id=(session_id, password), timeout=4.0)
-    twin.start(timeout=10)
+    twin.start(timeout=60)
     twin.stop()
     twin.close()
     return session_id
@@ -226,11 +226,11 @@ def _expire(zk_hosts, client):
 def test_a_worker_that_may_not_lead_says_when_nobody_contends(backend, start_worker, caplog):
     caplog.set_level(logging.INFO, logger="zktasks.worker")
     follower = start_worker(name="follower", lead=False)
-    wait_until(lambda: "no worker contends for leadership" in caplog.text, 15,
+    wait_until(lambda: "no worker contends for leadership" in caplog.text, 60,
                "the warning that no worker contends")
     assert f"worker={follower.worker_id}" in caplog.text
     start_worker(name="leader")
-    wait_until(lambda: "a worker contends for leadership again" in caplog.text, 15,
+    wait_until(lambda: "a worker contends for leadership again" in caplog.text, 60,
                "the news that one does")
 
 
@@ -241,12 +241,12 @@ def test_the_leader_warns_once_of_jobs_in_a_queue_no_worker_serves(
     caplog.set_level(logging.INFO, logger="zktasks.leader")
     start_worker(queues=["default"])
     waiting = tasks.email.submit("ada@example.com")  # queue "emails"
-    wait_until(lambda: "no live worker serves it" in caplog.text, 15, "the warning")
+    wait_until(lambda: "no live worker serves it" in caplog.text, 60, "the warning")
     assert "queue=emails" in caplog.text and "runworker --queues emails" in caplog.text
     tasks.add.submit(1, 2).wait(timeout=30)  # the leader ticks on: no second warning
     start_worker(name="mailer", queues=["emails"])
     waiting.wait(timeout=30)
-    wait_until(lambda: "queue=emails is served again" in caplog.text, 15, "the all-clear")
+    wait_until(lambda: "queue=emails is served again" in caplog.text, 60, "the all-clear")
     assert caplog.text.count("no live worker serves it") == 1
 
 
@@ -313,14 +313,14 @@ def test_stale_leader_write_is_refused_by_its_fence(backend, zk_hosts, zk_client
     store = backend.store
     layout = store.layout
     stale = KazooClient(hosts=zk_hosts, timeout=4.0)
-    stale.start(timeout=10)
+    stale.start(timeout=60)
     try:
         lock = stale.Lock(layout.leader, identifier="stale")
-        assert lock.acquire(timeout=10)
+        assert lock.acquire(timeout=60)
         fence = layout.election_node(lock.node)
         session_id = _expire(zk_hosts, stale)
-        wait_until(lambda: zk_client.exists(fence) is None, 15, "the fence to vanish")
-        wait_until(lambda: stale.connected and stale.client_id[0] != session_id, 20,
+        wait_until(lambda: zk_client.exists(fence) is None, 60, "the fence to vanish")
+        wait_until(lambda: stale.connected and stale.client_id[0] != session_id, 60,
                    "the stale client to reconnect on a new session")
         stale_store = Store(stale, backend.conf)
         zk_client.ensure_path(layout.worker_assignments("w1"))
@@ -342,8 +342,8 @@ def test_a_contender_whose_session_expired_while_it_waited_leads_once_elected(
     layout = backend.store.layout
     holder = KazooClient(hosts=zk_hosts, timeout=4.0)
     waiting = KazooClient(hosts=zk_hosts, timeout=4.0)
-    holder.start(timeout=10)
-    waiting.start(timeout=10)
+    holder.start(timeout=60)
+    waiting.start(timeout=60)
     stop = threading.Event()
     leader = Leader(Store(waiting, backend.conf), "waiter", stop=stop)
     changes = []
@@ -352,14 +352,14 @@ def test_a_contender_whose_session_expired_while_it_waited_leads_once_elected(
     thread = threading.Thread(target=leader.run, name="test-leader", daemon=True)
     try:
         lock = holder.Lock(layout.leader, identifier="holder")
-        assert lock.acquire(timeout=10)
+        assert lock.acquire(timeout=60)
         thread.start()
         [first] = [c for c in wait_for_children(zk_client, layout.leader, lambda c: len(c) == 2)
                    if c != lock.node]
         old_session = _expire(zk_hosts, waiting)
         # The Lock recipe puts a new node in the queue on the new session.
         wait_for_children(zk_client, layout.leader, lambda c: len(c) == 2 and first not in c,
-                          timeout=20)
+                          timeout=60)
         assert waiting.client_id[0] != old_session
         assert leader.fence_lost  # the old session's LOST reached the waiting contender
         # A registered worker and a pending job: once the job is assigned, the leader
@@ -376,7 +376,7 @@ def test_a_contender_whose_session_expired_while_it_waited_leads_once_elected(
         assert leader.is_leader and not leader.fence_lost
     finally:
         leader.cancel()
-        thread.join(15)
+        thread.join(60)
         for client in (holder, waiting):
             client.stop()
             client.close()
@@ -388,7 +388,7 @@ def _ghost_takes_and_dies(backend, zk_client, job, *, seed_losses=0, before_deat
     (after calling `before_death`, if given)."""
     layout = backend.store.layout
     ghost = KazooClient(hosts=backend.conf.hosts, timeout=4.0)
-    ghost.start(timeout=10)
+    ghost.start(timeout=60)
     try:
         data = json.dumps({"queues": ["default"], "concurrency": 1, "prefetch": 0}).encode()
         tx = ghost.transaction()
@@ -416,7 +416,7 @@ def test_jobs_of_a_vanished_worker_are_handed_back(backend, start_worker, zk_cli
     notes the lost attempt, and another worker runs it (at-least-once)."""
     # The leader serves another queue, so the only taker of "default" is the ghost.
     leader = start_worker(name="leader", queues=["other"])
-    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 15, "a leader")
+    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 60, "a leader")
     job = tasks.add.submit(5, 5)
     _ghost_takes_and_dies(backend, zk_client, job)
     survivor = start_worker(name="survivor", concurrency=1)
@@ -427,7 +427,7 @@ def test_jobs_of_a_vanished_worker_are_handed_back(backend, start_worker, zk_cli
     assert result.errors[0].exception_class_path == "zktasks.exceptions.WorkerLost"
     assert not zk_client.exists(backend.store.layout.worker_assignments("ghost"))
     # The leader says what it saw and what it did (logged just after its multi landed).
-    wait_until(lambda: f"job handed back job={job.id} from=ghost" in caplog.text, 10,
+    wait_until(lambda: f"job handed back job={job.id} from=ghost" in caplog.text, 60,
                "the hand-back to be logged")
     assert "worker vanished worker=ghost jobs=1" in caplog.text
 
@@ -438,7 +438,7 @@ def test_a_cancel_its_dead_worker_never_acted_on_still_holds(backend, start_work
     job handed back is failed as cancelled, never run again (it used to run to success
     on the next worker)."""
     leader = start_worker(name="leader", queues=["other"])
-    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 15, "a leader")
+    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 60, "a leader")
     job = tasks.add.submit(5, 5)
     _ghost_takes_and_dies(backend, zk_client, job,
                           before_death=lambda: job.cancel() is False or pytest.fail("held"))
@@ -455,7 +455,7 @@ def test_a_cancel_its_dead_worker_never_acted_on_still_holds(backend, start_work
 def test_job_that_keeps_losing_its_workers_is_failed_not_rerun(backend, start_worker,
                                                                  zk_client, caplog):
     leader = start_worker(name="leader", queues=["other"])
-    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 15, "a leader")
+    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 60, "a leader")
     job = tasks.add.using(unique_key="poison").submit(1, 1)
     _ghost_takes_and_dies(backend, zk_client, job, seed_losses=2)  # the third loss
     result = job.wait(timeout=30)
@@ -465,6 +465,6 @@ def test_job_that_keeps_losing_its_workers_is_failed_not_rerun(backend, start_wo
     assert pending_nodes(zk_client, backend.store.layout) == []
     assert zk_client.get_children(backend.store.layout.unique) == []  # key freed
     assert backend.store.recent_finished(5) == [job.id]
-    wait_until(lambda: f"its workers kept vanishing job={job.id}" in caplog.text, 10,
+    wait_until(lambda: f"its workers kept vanishing job={job.id}" in caplog.text, 60,
                "the failure to be logged")
     assert "job handed back" not in caplog.text

@@ -80,13 +80,18 @@ def test_takes_context_sees_attempt_and_id(backend, start_worker):
     assert job.return_value == {"attempt": 1, "id": job.id, "x": "x"}
 
 
-def test_queues_route_to_serving_workers_only(backend, start_worker):
-    start_worker(queues=["default"])
+def test_queues_route_to_serving_workers_only(backend, start_worker, zk_client):
+    worker = start_worker(queues=["default"])
     mail = tasks.email.submit("ada@example.com")
     add = tasks.add.submit(1, 1)
     assert add.wait(timeout=30).return_value == 2
     with pytest.raises(TimeoutError):
         mail.wait(timeout=1.0)  # nobody serves "emails" yet
+    # Not merely slow: the leader (which assigned `add`) did not hand it to the worker.
+    layout = backend.store.layout
+    assert mail.id not in zk_client.get_children(layout.worker_assignments(worker.worker_id))
+    assert [name[-32:] for name in pending_nodes(zk_client, layout, "emails")] == [mail.id]
+    assert backend.get_result(mail.id).status == TaskResultStatus.READY
     start_worker(queues=["emails"])
     assert mail.wait(timeout=30).return_value == "sent to ada@example.com"
 

@@ -72,12 +72,12 @@ def test_a_new_leader_keeps_the_limit_with_at_most_one_burst_more(backend, start
     # The bucket lives in the leader's memory: a new leader starts with a full one (a
     # burst: one job at 5/s) and then keeps the rate, it does not start the rest at once.
     first = start_worker(name="first", queues=["paced"], concurrency=4)
-    wait_until(lambda: first.leader is not None and first.leader.is_leader, 15, "a leader")
+    wait_until(lambda: first.leader is not None and first.leader.is_leader, 60, "a leader")
     second = start_worker(name="second", queues=["paced"], concurrency=4)
     submitted = [tasks.add.using(queue_name="paced").submit(n, n) for n in range(8)]
     submitted[2].wait(timeout=60)
     first.stop(graceful=False)
-    assert first.wait_stopped(15)
+    assert first.wait_stopped(60)
     done = [result.wait(timeout=60) for result in submitted]
     assert [r.status for r in done] == [TaskResultStatus.SUCCESSFUL] * 8
     assert second.leader.is_leader

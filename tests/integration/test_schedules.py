@@ -43,10 +43,10 @@ def test_schedule_runs_one_job_per_tick(backend, start_worker, zk_client):
 
 def test_schedule_survives_a_leader_change_without_doubling(backend, start_worker, zk_client):
     first = start_worker(name="first")
-    wait_until(lambda: first.leader is not None and first.leader.is_leader, 15, "a leader")
+    wait_until(lambda: first.leader is not None and first.leader.is_leader, 60, "a leader")
     wait_until(lambda: len(finished_ticks(zk_client, backend)) >= 2, 30, "two ticks")
     first.stop(graceful=False)  # the leader dies across a tick
-    assert first.wait_stopped(15)
+    assert first.wait_stopped(60)
     before = {r.id for r in tick_jobs(zk_client, backend)}
     second = start_worker(name="second")
     wait_until(lambda: len({r.id for r in finished_ticks(zk_client, backend)} - before) >= 2,
@@ -160,7 +160,7 @@ def test_the_schedules_listing_shows_the_last_tick_its_job_and_the_next(
     worker = start_worker()
     wait_until(lambda: len(finished_ticks(zk_client, backend)) >= 2, 30, "two ticks")
     worker.stop()  # no more ticks: what the listing says can be compared with the tree
-    assert worker.wait_stopped(15)
+    assert worker.wait_stopped(60)
     (row,) = json.loads(_command("--json"))["schedules"]
     assert (row["name"], row["configured"], row["task"], row["when"], row["call"]) == (
         "beat", True, "tests.tasks.add", "every 1 s", "2, 3")
@@ -190,7 +190,7 @@ def test_a_failing_schedule_shows_its_error_until_a_tick_is_recorded(
     text = _command()
     assert "nightly: the tick attempted at" in text and "no_such_task" in text
     worker.stop()
-    assert worker.wait_stopped(15)
+    assert worker.wait_stopped(60)
 
     settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
         "nightly": {"task": "tests.tasks.add", "every": 1, "args": [1, 2]}})  # fixed

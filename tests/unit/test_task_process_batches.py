@@ -160,18 +160,21 @@ def test_a_forced_kill_that_lands_after_its_job_reported_reruns_the_next_one(run
 
 def test_a_runs_time_limit_starts_once_its_task_process_is_set_up(monkeypatch):
     """A new task process first sets up Django (3 s seen on a loaded VM). The run's hard
-    limit (0.5 s + 1 s of grace here) is counted from the hand-off, so the worker waits
-    for the process to say it is ready: the job is not killed for the setup's time. The
-    worker waits for its first processes before registering (wait_ready); this is the
-    one that replaces a process that died."""
+    limit (3 s + 1 s of grace here) is counted from the hand-off, so the worker waits
+    for the process to say it is ready: the job is not killed for the setup's time (10 s
+    here, well past the limit). The worker waits for its first processes before
+    registering (wait_ready); this is the one that replaces a process that died."""
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_settings")
-    monkeypatch.setenv("SLOW_SETUP_SECONDS", "2.5")
+    monkeypatch.setenv("SLOW_SETUP_SECONDS", "0")  # the first process: no need to wait
     runner = ProcessRunner(1)
     runner.start()
     try:
         assert runner.wait_ready()
+        # Read when the next process starts: only the replacement is slow to set up.
+        monkeypatch.setenv("SLOW_SETUP_SECONDS", "10")
         runner.slots[0].kill()  # the next run starts a fresh (slow) process
-        assert value(runner.run(execution(tasks.short_sleep, 0.1, timeout=0.5))) == 0.1
+        # The job itself has its 3 s: room to spare for a 0.1 s sleep on a loaded machine.
+        assert value(runner.run(execution(tasks.short_sleep, 0.1, timeout=3))) == 0.1
     finally:
         runner.stop()
 

@@ -45,7 +45,7 @@ def test_a_task_process_is_replaced_after_max_tasks_jobs(make_runner, caplog):
     replaced = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
     assert len(replaced) == 2 and "ran 2 job(s) (--max-tasks-per-child 2)" in replaced[0]
     # The processes it replaced exited (and were reaped), none was left behind.
-    wait_until(lambda: not any(_alive(pid) for pid in pids[:4]), 10, "replaced to exit")
+    wait_until(lambda: not any(_alive(pid) for pid in pids[:4]), 60, "replaced to exit")
 
 
 def test_a_batch_is_split_where_the_process_reaches_its_limit(make_runner, tmp_path):
@@ -82,7 +82,7 @@ def test_a_replaced_process_held_up_by_a_thread_is_killed(make_runner, monkeypat
     stuck = value(runner.run(execution(tasks.leaves_a_thread)))
     # The runner did not wait for it: the next job runs in a fresh process at once.
     assert value(runner.run(execution(tasks.pid))) not in (stuck, os.getpid())
-    wait_until(lambda: not _alive(stuck), 10, "the stuck process to be killed")
+    wait_until(lambda: not _alive(stuck), 60, "the stuck process to be killed")
     assert any("did not exit" in r.getMessage() for r in caplog.records)
 
 
@@ -91,13 +91,18 @@ def test_threads_have_no_process_to_replace():
         executor.make_runner("thread", 4, max_tasks=10)
 
 
-def test_a_group_signal_while_a_task_process_boots_costs_no_job(make_runner):
+def test_a_group_signal_while_a_task_process_boots_costs_no_job(make_runner, monkeypatch):
     """systemd's control-group stop and Ctrl-C signal every process of the group. A task
     process ignores them once set up; one still booting (just replaced) died of them,
     and the job handed to it next failed with TaskProcessDied though it never ran."""
     import signal
 
+    # The replacement takes 5 s to set up Django: the signals below surely reach it while
+    # it boots, not once it is set up (and ignores them anyway).
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_settings")
+    monkeypatch.setenv("SLOW_SETUP_SECONDS", "0")
     runner = make_runner(max_tasks=1)
+    monkeypatch.setenv("SLOW_SETUP_SECONDS", "5")  # read by the processes started from now
     first = value(runner.run(execution(tasks.pid)))  # replaced at once: the next boots
     booting = runner.slots[0].process
     assert booting.pid != first
