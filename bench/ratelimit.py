@@ -46,7 +46,7 @@ def _raise_exit(signum, frame):
 def stop_workers(procs: list[tuple[subprocess.Popen, subprocess.Popen | None]]) -> None:
     """SIGTERM every worker, wait (SIGKILL after STOP_DEADLINE), then kill what is left of
     each group and end its watchdog."""
-    from bench.peers.servers import end_watchdog, group_pids
+    from bench.peers.servers import sweep_group
 
     for proc, _ in procs:
         if proc.poll() is None:
@@ -61,10 +61,7 @@ def stop_workers(procs: list[tuple[subprocess.Popen, subprocess.Popen | None]]) 
             proc.kill()
             proc.wait(10)
         finally:
-            if [pid for pid in group_pids(proc.pid) if dog is None or pid != dog.pid]:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            end_watchdog(dog)
+            sweep_group(proc.pid, dog)
 
 
 def main(argv=None) -> int:

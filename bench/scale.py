@@ -217,7 +217,7 @@ class Worker:
     def stop(self, deadline: float) -> None:
         """Wait for the exit SIGTERM asked for (SIGKILL after `deadline`), then kill what
         is left of the group (task processes) and end the watchdog."""
-        from bench.peers.servers import end_watchdog, group_pids
+        from bench.peers.servers import sweep_group
 
         try:
             self.terminate()
@@ -228,10 +228,7 @@ class Worker:
                 self.popen.kill()
                 self.popen.wait(10)
         finally:
-            if [pid for pid in group_pids(self.pid) if pid != self.watchdog.pid]:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.pid, signal.SIGKILL)
-            end_watchdog(self.watchdog)
+            sweep_group(self.pid, self.watchdog)
             self._log.close()
 
 

@@ -46,6 +46,7 @@ mean other things, and an SSL socket must not be written from two threads.
 import os
 import socket
 import threading
+import weakref
 from collections import namedtuple
 
 from kazoo.exceptions import ConnectionDropped, ConnectionLoss
@@ -159,12 +160,7 @@ class EagerConnectionHandler(ConnectionHandler):
         """Send `request` from this thread, as kazoo's connection thread would; False
         (nothing done) when it must go through kazoo's queue instead."""
         client = self.client
-        if self._direct is None or self._pid != os.getpid():
-            # In a forked child the socket is the parent's: a request written to it
-            # would be answered to the parent, whose reader would take a reply it never
-            # asked for (its connection loop dies on the xid). The child goes through
-            # kazoo's queue, which its (never started) connection thread does not serve:
-            # a client must be made after the fork, as get_client() does.
+        if self._direct is None:  # also in a forked child: see _forget_sockets_in_child
             return False
         # Outside the lock, and before anything is recorded: a request that cannot be
         # serialized raises here, to its caller (in kazoo's thread it would end the loop).
@@ -341,6 +337,24 @@ def _server_path(client, path: str) -> str:
     return client.chroot + path if client.chroot else path
 
 
+# Every installed handler, so that a forked child can stop sending from them. A client
+# made before a fork (gunicorn --preload, a multiprocessing "fork" child) holds its
+# parent's socket: a request written to it from the child is answered to the parent,
+# whose reader takes a reply it never asked for (its connection loop dies on the xid).
+# In the child, requests go through kazoo's queue instead, which its never-started
+# connection thread does not serve: a client must be made after the fork, as
+# get_client() does. A hook at fork time, not a pid check per request.
+_INSTALLED: "weakref.WeakSet[EagerConnectionHandler]" = weakref.WeakSet()
+
+
+def _forget_sockets_in_child() -> None:
+    for handler in list(_INSTALLED):
+        handler._direct = None
+
+
+os.register_at_fork(after_in_child=_forget_sockets_in_child)
+
+
 def install(client) -> bool:
     """Make `client` (an unstarted KazooClient) use EagerConnectionHandler; False (kazoo's
     own handler kept) if this kazoo's connection handler is not the one it was written
@@ -351,7 +365,7 @@ def install(client) -> bool:
         return False
     handler.__class__ = EagerConnectionHandler
     handler._send_lock, handler._direct, handler._direct_timeout = threading.Lock(), None, 10.0
-    handler._pid = os.getpid()
+    _INSTALLED.add(handler)
     kazoo_call = client._call
 
     def _call(request, async_object):

@@ -1099,23 +1099,22 @@ class DockerZooKeeper:
     def hosts(self) -> str:
         return f"{self._host}:{self._port}"
 
-    @property
-    def is_running(self) -> bool:
+    def _status(self) -> str | None:
+        """Docker's status of the container, read afresh; None when it cannot be read."""
         try:
             container = self._container.get_wrapped_container()
             container.reload()
         except Exception:
-            return False
-        return container.status in ("running", "paused")
+            return None
+        return container.status
+
+    @property
+    def is_running(self) -> bool:
+        return self._status() in ("running", "paused")
 
     @property
     def is_paused(self) -> bool:
-        try:
-            container = self._container.get_wrapped_container()
-            container.reload()
-        except Exception:
-            return False
-        return container.status == "paused"
+        return self._status() == "paused"
 
     def mode(self, timeout: float = 1.0) -> str | None:
         return _mode(self._host, self._port, timeout)

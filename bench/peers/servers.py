@@ -98,11 +98,17 @@ def _kill_group(popen: subprocess.Popen, dog: subprocess.Popen | None,
                 popen.kill()
                 popen.wait(10)
     finally:
-        # The watchdog is a member: while it lives, the group id cannot be reused.
-        if [pid for pid in group_pids(popen.pid) if dog is None or pid != dog.pid]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(popen.pid, signal.SIGKILL)
-        end_watchdog(dog)
+        sweep_group(popen.pid, dog)
+
+
+def sweep_group(pgid: int, dog: subprocess.Popen | None) -> None:
+    """SIGKILL what is left of process group `pgid` (task processes, a child that outlived
+    its parent), then end its watchdog. The watchdog is a member, and while it lives the
+    group id cannot be reused, so the kill cannot reach another group."""
+    if [pid for pid in group_pids(pgid) if dog is None or pid != dog.pid]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    end_watchdog(dog)
 
 
 class RedisServer:

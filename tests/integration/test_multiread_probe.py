@@ -58,6 +58,16 @@ def watched_parent(store):
     return path, on_event, events
 
 
+def assert_watched_persistently(store, path, on_event, events) -> None:
+    """A persistent watch is set on `path` and reports a child created under it."""
+    assert store.watch_persistently(path, on_event) is True
+    try:
+        store.raw_client.create(f"{path}/job")
+        assert events.get(timeout=30).path == f"{path}/job"
+    finally:
+        store.unwatch_persistently(path, on_event)
+
+
 def test_a_probe_sent_while_disconnected_is_answered_after_the_reconnection(
         settings, monkeypatch, own_server, zk_root):
     """kazoo queues a request made while it reconnects: the probe waited there past its
@@ -106,12 +116,7 @@ def test_persistent_watches_wait_for_a_frozen_servers_late_answer(
     wait_until(lambda: store._multi_read is not None, timeout=60,
                message="the frozen server to answer the probe")
     assert store._multi_read is True
-    assert store.watch_persistently(path, on_event) is True
-    try:
-        store.raw_client.create(f"{path}/job")
-        assert events.get(timeout=30).path == f"{path}/job"
-    finally:
-        store.unwatch_persistently(path, on_event)
+    assert_watched_persistently(store, path, on_event, events)
 
 
 def test_a_probe_cut_off_with_the_connection_is_asked_again(
@@ -145,9 +150,4 @@ def test_an_add_watch_unanswered_while_disconnected_is_tried_again(
     assert in_thread(lambda: store.watch_persistently(path, on_event)) is False
     own_server.start()
     connected(store)
-    assert store.watch_persistently(path, on_event) is True
-    try:
-        store.raw_client.create(f"{path}/job")
-        assert events.get(timeout=30).path == f"{path}/job"
-    finally:
-        store.unwatch_persistently(path, on_event)
+    assert_watched_persistently(store, path, on_event, events)
