@@ -66,6 +66,7 @@ CONNECT_WAIT = 3.0       # seconds a request waits for a connection being made
 PAGE_SIZE = 50
 SCAN_BUDGET = 2_000      # status records a filtered results page reads at most
 LIST_BUDGET = 1_000      # finished-index buckets a results page lists at most
+DELAYED_BUDGET = 20_000  # delayed job names a queue-filtered delayed page looks at most
 ASYNC_BATCH = 200        # async requests in flight at once
 REPR_LIMIT = 2_000       # characters of a shown repr()
 PREVIEW_LIMIT = 64_000   # characters of a znode's data shown in the tree browser
@@ -489,14 +490,21 @@ class Reader:
         return [n for n in top if parse_delayed_node(n)], shards, stats
 
     def delayed(self, queue: str | None = None, *, after: str | None = None,
-                limit: int = PAGE_SIZE) -> Page:
+                limit: int = PAGE_SIZE, budget: int | None = None) -> Page:
         """Jobs waiting for their run_after or retry backoff, the first due first.
 
         Names sort by due time and shards are grouped by due minute, so only the minutes
         holding this page are listed, from the cursor's on, never the whole set. The
         total comes from the shards' stats; with a queue filter it is known only when the
         walk reached the last minute (None otherwise: the page says so).
+
+        A queue filter that matches few jobs could walk every minute in one request (a
+        million delayed names for an empty page), so a walk stops after the minute that
+        brings the names it looked at past `budget` (DELAYED_BUDGET by default): the page
+        then holds what matched so far, says how many names it looked at (`scanned`), and
+        its cursor resumes after the last of them.
         """
+        budget = DELAYED_BUDGET if budget is None else budget
         layout = self.layout
         flat, shards, stats = self.delayed_places()
         first = (delayed_shards(after) or ("",))[0] if after else ""
@@ -509,15 +517,27 @@ class Reader:
         names = [n for n in flat if wanted(n)]
         walked = [m for m in shards if m >= first]
         complete = False
+        looked, furthest = 0, ""  # names past the cursor listed; the greatest of them
         for minute in walked:
             if len(names) > limit:  # a page and one more: the rest is for next pages
                 break
+            if looked >= budget:
+                break  # every name up to `furthest` has been looked at: resume there
             found = _gather(self.client, [layout.delayed_shard(minute, s)
                                           for s in shards[minute]], "get_children")
-            names += [name for listed in found.values() for name in listed or ()
-                      if wanted(name)]
+            for listed in found.values():
+                for name in listed or ():
+                    parsed = parse_delayed_node(name)
+                    if parsed and (not after or name > after):
+                        looked += 1
+                        furthest = max(furthest, name)
+                        if queue is None or parsed[3] == queue:
+                            names.append(name)
         else:
             complete = True
+        stopped = not complete and len(names) <= limit and bool(furthest)  # by the budget
+        if stopped:
+            names = [n for n in names if n <= furthest]  # the next page shows the rest
         if queue is None:
             total = len(flat) + sum(st.numChildren for st in stats.values() if st)
         else:  # the queue's total is known only from a walk of every minute
@@ -535,6 +555,11 @@ class Reader:
                 rows.append(JobRow(id=job_id, queue=q, priority=priority,
                                    run_after=ms_to_datetime(due_ms), note=name, state="?",
                                    error=_missing(record)))
+        if stopped:
+            # The page shows what matched, and the next one goes on after the last name
+            # looked at.
+            return Page(rows=rows, next_cursor=furthest, scanned=looked, total=total,
+                        exhausted=False)
         more = len(names) > limit
         return Page(rows=rows, next_cursor=chosen[-1] if more and chosen else None,
                     total=total, exhausted=not more)

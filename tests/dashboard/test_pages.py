@@ -118,6 +118,24 @@ def test_pending_lists_a_queue_in_assignment_order(admin_client, backend, monkey
     assert low.id in html and high.id not in html
 
 
+def test_a_filtered_delayed_page_offers_to_look_further(admin_client, backend, monkeypatch):
+    """Past its budget of names, a queue-filtered delayed page says how far it looked and
+    links on (not "Next 0"); following the link finds the job."""
+    from zktasks import dashboard
+
+    later = timezone.now() + timedelta(hours=1)
+    tasks.add.using(run_after=later).submit(1, 1)
+    mail = tasks.email.using(run_after=later + timedelta(minutes=5)).submit("a@b.c")
+    monkeypatch.setattr(dashboard, "DELAYED_BUDGET", 1)
+    html = text(admin_client.get(url("zktasks_pending", kind="delayed", queue="emails")))
+    assert mail.id not in html
+    assert "No match among the 1 delayed jobs looked at so far" in html
+    assert "Next 0" not in html
+    link = re.search(r'href="([^"]*after=[^"]*)">Look further', html).group(1)
+    html = text(admin_client.get(link.replace("&amp;", "&")))
+    assert mail.id in html
+
+
 def test_assignments_show_each_workers_jobs(admin_client, backend, start_worker, tmp_path):
     worker = start_worker(concurrency=1)  # one runs, one waits prefetched
     release = tmp_path / "release"

@@ -520,3 +520,27 @@ def test_runworker_keeps_the_projects_log_level(backend, runworker, zk_client, m
     assert "zktasks worker stopped" in log  # the command's own lines still go out
     for info in ("worker registered", "leader elected", "job started", "job succeeded"):
         assert info not in log, log
+
+
+def test_delayed_lists_waiting_jobs_the_first_due_first(backend):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    later = tasks.add.using(run_after=now + timedelta(hours=2)).submit(1, 1)
+    sooner = tasks.add.using(run_after=now + timedelta(hours=1)).submit(1, 2)
+    mail = tasks.email.using(run_after=now + timedelta(hours=3)).submit("a@b.c")
+    tasks.add.submit(1, 3)  # ready now: not delayed
+
+    page = json.loads(zktasks("delayed", "--limit", "2", "--json"))
+    assert page["total"] == 3 and [r["id"] for r in page["rows"]] == [sooner.id, later.id]
+    assert page["rows"][0]["run_after"]
+    rest = json.loads(zktasks("delayed", "--after", page["next_cursor"], "--json"))
+    assert [r["id"] for r in rest["rows"]] == [mail.id] and rest["next_cursor"] is None
+    assert [r["id"] for r in json.loads(zktasks("delayed", "emails", "--json"))["rows"]] \
+        == [mail.id]
+    text = zktasks("delayed")
+    assert "3 job(s) delayed of 3" in text and "DUE" in text and sooner.id in text
+    with pytest.raises(CommandError, match="'garbage' is not a cursor of `delayed`"):
+        zktasks("delayed", "--after", "garbage")

@@ -134,3 +134,35 @@ def test_more_due_jobs_than_the_leader_loads_at_once_all_run(backend, start_work
     start_worker(concurrency=4)
     assert [r.wait(timeout=60).return_value for r in jobs] == [n + 1 for n in range(23)]
     assert delayed_nodes(zk_client, backend.store.layout) == []
+
+
+def test_a_filtered_delayed_page_looks_at_a_bounded_number_of_names(backend):
+    """A queue filter matching one job among many: each page lists at most the minutes
+    that bring its budget of names, says how many it looked at, and the cursor walks on
+    until the match, never showing a job twice."""
+    from zktasks import dashboard
+
+    now = timezone.now()
+    others = [tasks.add.using(run_after=now + timedelta(minutes=m)).submit(m, 0)
+              for m in (5, 5, 6, 6, 7, 7)]
+    mail = tasks.email.using(run_after=now + timedelta(minutes=20)).submit("a@b.c")
+    reader = dashboard.Reader(backend)
+    assert reader.delayed("emails").rows[0].id == mail.id  # the default budget: one page
+
+    pages, after = [], None
+    while True:
+        page = reader.delayed("emails", after=after, budget=2)
+        pages.append(page)
+        if page.exhausted:
+            break
+        assert page.next_cursor and page.next_cursor != after and len(pages) < 10
+        after = page.next_cursor
+    # Minutes 5, 6 and 7 hold two names each: a page per minute, nothing matched, then
+    # the mail's minute, which ends the walk.
+    assert [p.scanned for p in pages[:-1]] == [2, 2, 2]
+    assert all(not p.rows and p.total is None for p in pages[:-1])
+    assert [r.id for r in pages[-1].rows] == [mail.id]
+    # Unfiltered, a page fills before a budget over its size runs out.
+    page = reader.delayed(limit=3, budget=4)
+    assert len(page.rows) == 3 and {r.id for r in page.rows} <= {o.id for o in others[:4]}
+    assert page.total == 7 and not page.exhausted and page.scanned == 0

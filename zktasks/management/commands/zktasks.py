@@ -29,7 +29,7 @@ from zktasks.exceptions import (
     ZkTasksError,
     ZooKeeperUnavailableError,
 )
-from zktasks.tree import is_job_id, parse_job_node
+from zktasks.tree import is_job_id, parse_delayed_node, parse_job_node
 
 from ._common import seconds, whole_number, zk_backend, znode_name
 
@@ -93,7 +93,12 @@ class Command(BaseCommand):
         pending.add_argument("queue", nargs="?", default="default",
                              type=znode_name("queue name"),
                              help="the queue (default: %(default)s)")
-        for listing, cursor in ((jobs, _results_cursor), (pending, _pending_cursor)):
+        delayed = action("delayed", "Jobs waiting for their run_after or a retry's backoff, "
+                                    "the first due first (Celery's `inspect scheduled`).")
+        delayed.add_argument("queue", nargs="?", default=None, type=znode_name("queue name"),
+                             help="only jobs of this queue (default: every queue)")
+        for listing, cursor in ((jobs, _results_cursor), (pending, _pending_cursor),
+                                (delayed, _delayed_cursor)):
             listing.add_argument("--limit", type=whole_number(1), default=20,
                                  help="rows to list (default %(default)s)")
             listing.add_argument("--after", type=cursor, default=None, metavar="CURSOR",
@@ -270,6 +275,14 @@ class Command(BaseCommand):
         page = reader.pending(queue, after=options["after"], limit=options["limit"])
         self.emit_page(page, f"pending in {queue!r}", when="enqueued_at", filtered=False)
 
+    def do_delayed(self, backend, options) -> None:
+        queue = options["queue"]
+        reader = self.reader(backend)
+        self.root_exists(reader.client, backend)
+        page = reader.delayed(queue, after=options["after"], limit=options["limit"])
+        self.emit_page(page, "delayed" + (f" in {queue!r}" if queue else ""),
+                       when="run_after", filtered=bool(page.scanned))
+
     def do_schedules(self, backend, options) -> None:
         reader = self.reader(backend)
         self.root_exists(reader.client, backend)
@@ -334,7 +347,8 @@ class Command(BaseCommand):
         head = f"{len(rows)} job(s) {what}" + (
             f" of {page.total:,}" if page.total is not None else "")
         lines = [head] + _table(
-            ["JOB", "STATE", "TASK", "QUEUE", when.split("_")[0].upper(), "ATTEMPTS", "ERROR"],
+            ["JOB", "STATE", "TASK", "QUEUE",
+             "DUE" if when == "run_after" else when.split("_")[0].upper(), "ATTEMPTS", "ERROR"],
             [[r["id"], r["state"], r["task"] or "-", r["queue"] or "-", _when(r[when]),
               r["attempts"], (r["error"] or "")[:60]] for r in rows])
         if page.next_cursor:
@@ -511,6 +525,16 @@ def _pending_cursor(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a cursor of `pending` (3 digits, '-', a job id); give the "
             "one its last page printed after 'more: add --after'")
+    return value
+
+
+def _delayed_cursor(value: str) -> str:
+    """An argparse type: where `delayed` stopped (a delayed job's node name)."""
+    if parse_delayed_node(value) is None:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a cursor of `delayed` (13 digits of due time, a priority, a "
+            "job id and a queue); give the one its last page printed after 'more: add "
+            "--after'")
     return value
 
 
