@@ -17,6 +17,9 @@ appends an fsync'd line per run to one file) and, at random times drawn from --s
 * zk_kill       SIGKILL one ZooKeeper member (never more than a minority at once; now and
   then the ensemble's own leader), restart it a few seconds later;
 * zk_majority   once per run: SIGKILL 2 of 3 members for a few seconds, restart both.
+  It is due mid-window; from then on nothing else is injected until the ensemble is whole
+  and it has happened, the window running over its end for that if need be (at most
+  MAJORITY_GRACE seconds), so every run on an ensemble has it.
 
 Then it stops injecting, makes sure the ensemble is whole and workers run, waits (with a
 deadline) until every submitted job has finished, and checks the history:
@@ -69,6 +72,7 @@ STOP_DEADLINE = 40.0        # seconds for a worker to drain and exit after SIGTE
 SUBMIT_RETRY_PAUSE = 0.5    # seconds between retries of a refused submit
 LIMITED_QUEUE = "limited"   # --rate-limit's queue (bench/chaos_settings.py)
 POLL = 0.05
+MAJORITY_GRACE = 120.0      # seconds the window may run over, waiting for a whole ensemble
 
 
 class HarnessError(Exception):
@@ -512,6 +516,7 @@ class Chaos:
         self.t0 = time.time()
         self._next_index = 0
         self.majority_done = False
+        self.majority_skipped = False  # the ensemble never was whole when it was due
         self.stopping_at = float("inf")  # when the harness began stopping workers
         self.todo: list[str] | None = None
 
@@ -589,14 +594,36 @@ class Chaos:
         next_fault = time.time() + self.rng.uniform(lo, hi)
         window = until - self.t0
         majority_at = self.t0 + window * self.rng.uniform(0.35, 0.65)
-        while time.time() < until:
+        overdue_at = until + MAJORITY_GRACE
+        while True:
+            now = time.time()
+            majority_due = self.majority_wanted and now >= majority_at
+            if now >= until and not majority_due:
+                break
             self.run_due_actions()
             self.check_processes()
             now = time.time()
-            if now >= next_fault:
-                self.inject(force_majority=now >= majority_at)
+            if majority_due:
+                # Nothing else until it happened: a member still down from an earlier
+                # kill (or restarting) is back first, however late that makes it.
+                if self.cluster.whole:
+                    self.majority_done = True
+                    self.zk_majority()
+                    next_fault = time.time() + self.rng.uniform(lo, hi)
+                elif now >= overdue_at:
+                    self.majority_skipped = True
+                    log(f"[{self.rel(now)}] the ensemble was not whole for "
+                        f"{MAJORITY_GRACE:g}s after the window: no majority outage")
+            elif now >= next_fault:
+                self.inject()
                 next_fault = time.time() + self.rng.uniform(lo, hi)
             time.sleep(POLL)
+
+    @property
+    def majority_wanted(self) -> bool:
+        """The run's majority outage is still to come."""
+        return (self.cluster.size >= 3 and not self.args.no_majority and not self.args.no_zk
+                and not self.majority_done and not self.majority_skipped)
 
     def settle(self) -> None:
         """After the window: let scheduled SIGCONTs and restarts happen, then insist on a
@@ -623,15 +650,10 @@ class Chaos:
     KINDS = {"kill_worker": 3, "kill_leader": 2, "pause_worker": 2, "pause_leader": 1,
              "zk_kill": 2}
 
-    def inject(self, *, force_majority: bool = False) -> None:
+    def inject(self) -> None:
         kinds = dict(self.KINDS)
         if self.args.no_zk:
             kinds.pop("zk_kill")
-        if force_majority and not self.majority_done and self.cluster.size >= 3 \
-                and not self.args.no_majority and self.cluster.whole:
-            self.majority_done = True
-            self.zk_majority()
-            return
         if self.todo is None:
             # Every kind once first, in a seeded order, so that even a short run covers
             # them all; then at random by weight.
@@ -1007,6 +1029,7 @@ def analyze(chaos: Chaos, submitter: Submitter, monitor: Monitor, root: str,
         "leader_elections": len(elections),
         "leader_changes": max(0, len(elections) - 1),
         "faults": dict(Counter(f.kind for f in chaos.faults)),
+        "majority_skipped": chaos.majority_skipped,
         "worker_processes": len(chaos.procs),
         "worker_identities": sum(len(v) for v in identities.values()),
         "longest_stall_s": round(stall, 2),
@@ -1388,7 +1411,9 @@ def report(result: dict, args, seed: int, elapsed: float) -> str:
                                           f"{s['worker_thread_deaths']}"],
         ["longest stretch with no job finishing",
          f"{s['longest_stall_s']:.2f}s (from {fmt(s['longest_stall_at'], '{:+.2f}')}s)"],
-        ["faults", ", ".join(f"{k} {v}" for k, v in sorted(s["faults"].items()))],
+        ["faults", ", ".join(f"{k} {v}" for k, v in sorted(s["faults"].items()))
+         + ("; no majority outage (the ensemble was never whole)"
+            if s["majority_skipped"] else "")],
     ]
     if (rl := result.get("rate_limit")) and rl.get("achieved_per_second") is not None:
         rows.append(["rate-limited queue", f"{rl['starts']} starts of {rl['jobs']} jobs at "

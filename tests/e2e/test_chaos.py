@@ -8,11 +8,12 @@ a broken invariant, a crashed worker or a worker thread that died; the test asse
 same from its JSON. The long version runs on demand:
 `.venv/bin/python bench/chaos.py --duration 300`.
 
-Which faults a 20 s window gets to inject depends on the machine: the injector waits for
-each step (a kill, a ZooKeeper round trip), refuses a leader fault while nobody can tell
-the leader, and makes the majority outage only when, after mid-window, it finds the
-ensemble whole (a member killed by an earlier fault may still be down every time). So the
-test requires faults, and checks each one the run reports, rather than a fixed list.
+Which other faults a 20 s window gets to inject depends on the machine: the injector
+waits for each step (a kill, a ZooKeeper round trip) and refuses a leader fault while
+nobody can tell the leader. So the test checks each fault the run reports rather than a
+fixed list, except the majority outage, which every run has: once it is due (mid-window),
+the injector waits for the ensemble to be whole, injecting nothing else, and makes it,
+running over the window if it must.
 """
 
 import json
@@ -68,7 +69,8 @@ def test_short_chaos_run_loses_no_job(tmp_path):
     kinds = summary["faults"]
     assert sum(kinds.values()) >= 1, kinds
     assert set(kinds) <= FAULT_KINDS, kinds
-    assert kinds.get("zk_majority", 0) <= 1, kinds  # once per run at most
+    assert kinds.get("zk_majority") == 1, kinds  # once per run, always
+    assert summary["majority_skipped"] is False
     rows = result["faults"]
     assert len(rows) == sum(kinds.values()), rows
     for row in rows:
