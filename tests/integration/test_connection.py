@@ -508,3 +508,42 @@ def test_a_request_sent_at_once_as_the_connection_ends_fails_and_is_not_carried_
     for i in range(20):  # each reply is matched to its own request
         eager_client.create(f"{zk_root}/after-{i}", str(i).encode())
         assert eager_client.get(f"{zk_root}/after-{i}")[0] == str(i).encode()
+
+
+def test_a_connection_that_ends_forgets_its_cached_selectors(own_server, zk_root,
+                                                             monkeypatch):
+    """When a connection ends, kazoo's connection thread drops the selectors it cached
+    for it (see the unit test of forget_selectors for why): a server restart makes the
+    client reconnect, and the thread that called it was kazoo's connection thread."""
+    options = Options.from_params("default", {"OPTIONS": {"HOSTS": own_server.hosts,
+                                                          "ROOT": zk_root,
+                                                          "SESSION_TIMEOUT": 30}})
+    client = clients.new_client(options)
+    forgot = []
+    forget = client.handler.forget_selectors
+
+    def recording():
+        forgot.append(threading.current_thread())
+        forget()
+
+    monkeypatch.setattr(client.handler, "forget_selectors", recording)
+    clients.start(client, options)
+    states = []
+    back = threading.Event()
+
+    def listener(state):
+        states.append(state)
+        if state == KazooState.CONNECTED and KazooState.SUSPENDED in states:
+            back.set()
+
+    client.add_listener(listener)
+    try:
+        assert client.exists("/") is not None and forgot == []
+        own_server.restart()
+        assert back.wait(60), states
+        assert client.exists("/") is not None
+        assert forgot and all(t is client._connection._connection_routine for t in forgot), \
+            forgot
+    finally:
+        client.stop()
+        client.close()

@@ -30,6 +30,42 @@ def test_select_matches_kazoos_and_follows_a_new_socket():
             s.close()
 
 
+def test_a_socket_at_a_reused_id_and_fd_is_seen_once_the_selectors_are_forgotten():
+    """A connection's next socket can get both the old one's id() and its fd. The cached
+    selector's epoll dropped the old fd when it closed, so it would never report the new
+    one readable; forget_selectors() (called when a connection ends) makes select()
+    build a new one."""
+    import os
+
+    class Conn:  # one object, seen again at the same id() with a new socket inside
+        def __init__(self, sock):
+            self.sock = sock
+
+        def fileno(self):
+            return self.sock.fileno()
+
+    handler = SelectorCachingHandler()
+    a, b = socket.socketpair()
+    conn = Conn(a)
+    assert handler.select([conn], [], [], 0)[0] == []  # a selector cached for (id, fd)
+    fd = a.fileno()
+    a.close()  # the connection ends: epoll forgets the fd
+    c, d = socket.socketpair()
+    if c.fileno() != fd:  # the kernel reuses the lowest number; make sure of it
+        os.dup2(c.fileno(), fd)
+        c.close()
+        c = socket.socket(fileno=fd)
+    conn.sock = c  # the next socket, at the old number
+    try:
+        d.send(b"x")
+        assert handler.select([conn], [], [], 0)[0] == []  # blind: the stale selector
+        handler.forget_selectors()
+        assert handler.select([conn], [], [], 0)[0] == [conn]
+    finally:
+        for s in (b, conn.sock, d):
+            s.close()
+
+
 def test_a_closed_socket_fails_as_with_kazoo():
     import pytest
 
