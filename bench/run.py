@@ -5,7 +5,9 @@
 Starts a standalone ZooKeeper (zktasks.testing, fsync on) in a temp dir, then for each
 scenario starts `python -m django runworker` processes on a fresh root, and measures:
 
-* submit/s: N no-op jobs submitted back to back from this process (zktasks' API);
+* submit/s: N no-op jobs submitted back to back from this process (zktasks' API), by
+  one loop or, with --submitters, by that many threads at once (a web server's request
+  threads);
 * end-to-end jobs/s: N / (last job's finished_at - first submit);
 * latency p50/p99: submit one job, wait for its result, repeat (idle cluster);
 * ZooKeeper requests and write transactions per job, from the server's own counters
@@ -826,8 +828,8 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         phase = Phase(zk, monitor, procs, sampler)
         t0 = time.time()
         p0 = time.perf_counter()
-        with driver.batch():  # the submit rate counts until every job is written
-            handles = [driver.submit() for _ in range(args.jobs)]
+        # The submit rate counts until every job is written.
+        handles = submit_all(driver.submit, args.jobs, args.submitters, driver.batch)
         submit_s = time.perf_counter() - p0
         monitor.wait_drained(driver.queue_path, driver.assignments_path, procs, DRAIN_DEADLINE)
         delta = phase.end(args.jobs)
@@ -992,7 +994,8 @@ def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
         c0 = counters() if counters else None
         t0 = time.time()
         p0 = time.perf_counter()
-        handles = [drv.submit(sc.workload) for _ in range(args.jobs)]
+        handles = submit_all(lambda: drv.submit(sc.workload), args.jobs, args.submitters,
+                             contextlib.nullcontext)
         submit_s = time.perf_counter() - p0
         last = max(r["at"] for r in _wait_all(drv, handles, procs))
         row.cpu_ms_per_job = CpuMeter.per_job_ms(cpu0, meter.sample(), args.jobs)
@@ -1027,6 +1030,42 @@ def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
             row.stop_seconds.append(proc.stop_seconds)
     print(f"   workers stopped in {row.stop_seconds} s", flush=True)
     return row
+
+
+def submit_all(submit, jobs: int, submitters: int, batch) -> list:
+    """`jobs` submits from `submitters` threads at once (each inside its own `batch()`,
+    as a pipelined block is per thread), like the request threads of a web server; the
+    handles in no particular order. One submitter submits on the calling thread."""
+    if submitters == 1:
+        with batch():
+            return [submit() for _ in range(jobs)]
+    shares = [jobs // submitters + (i < jobs % submitters) for i in range(submitters)]
+    handles: list = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    go = threading.Barrier(submitters)
+
+    def run(share: int) -> None:
+        go.wait()
+        try:
+            with batch():
+                mine = [submit() for _ in range(share)]
+        except BaseException as exc:  # reported below, on the calling thread
+            errors.append(exc)
+            return
+        with lock:
+            handles.extend(mine)
+
+    threads = [threading.Thread(target=run, args=(share,), name=f"submitter-{i}")
+               for i, share in enumerate(shares)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise BenchError(f"{len(errors)} of {submitters} submitter threads failed: "
+                         f"{errors[0]!r}") from errors[0]
+    return handles
 
 
 def _wait_all(drv, handles: list, procs: list["Proc"]) -> list[dict]:
@@ -1235,6 +1274,10 @@ def parse_args(argv=None):
     mode.add_argument("--one-at-a-time", action="store_true",
                       help="peer matrix with every worker process running one job at a "
                            "time (concurrency 1), instead of each system's defaults")
+    parser.add_argument("--submitters", type=int, default=1, metavar="N",
+                        help="submit the streaming phase's jobs from N threads at once, "
+                             "as a web server's request threads do (default 1: one "
+                             "loop); the backlog and latency phases stay one loop")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--only", metavar="NAMES",
                         help="comma-separated scenario names to run (default: all)")
@@ -1251,6 +1294,8 @@ def parse_args(argv=None):
         args.latency = 50 if args.quick else 200
     if args.jobs < 1 or args.latency < 1:
         parser.error("--jobs and --latency must be at least 1")
+    if not 1 <= args.submitters <= args.jobs:
+        parser.error("--submitters must be between 1 and --jobs")
     return args
 
 
@@ -1390,6 +1435,9 @@ def main(argv=None) -> int:
         print()
         print(format_machine(info))
         print(f"command:   .venv/bin/python bench/run.py {' '.join(sys.argv[1:])}".rstrip())
+        if args.submitters > 1:
+            print(f"submitters: {args.submitters} threads in the streaming phase (submit/s "
+                  "and e2e); backlog and latency from one loop")
         if info.get("peers"):
             print("peers:     " + "\n           ".join(
                 f"{name}: {versions}" for name, versions in info["peers"].items()))
@@ -1432,6 +1480,7 @@ def main(argv=None) -> int:
                 report(path, top=12)
         if args.json:
             payload = {"machine": info, "jobs": args.jobs, "latency_samples": args.latency,
+                       "submitters": args.submitters,
                        "rows": [asdict(r) for r in rows], "ratios": ratios}
             Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
             print(f"\nwrote {args.json}")

@@ -17,17 +17,13 @@ running over the window if it must.
 """
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.e2e.harness import run_bench
+
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 240  # seconds; the run takes ~30 s on a loaded 2-CPU machine
 FAULT_KINDS = {"kill_worker", "kill_leader", "pause_worker", "pause_leader", "zk_kill",
                "zk_majority"}
@@ -35,23 +31,10 @@ FAULT_KINDS = {"kill_worker", "kill_leader", "pause_worker", "pause_leader", "zk
 
 def test_short_chaos_run_loses_no_job(tmp_path):
     report = tmp_path / "chaos.json"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("ZKTASKS_TEST_") and k != "DJANGO_SETTINGS_MODULE"}
-    cmd = [sys.executable, str(REPO / "bench" / "chaos.py"), "--duration", "20",
-           "--jobs", "150", "--seed", "7", "--json", str(report)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = proc.communicate(timeout=DEADLINE)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the harness cleans up its workers and servers
-        try:
-            output, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            output, _ = proc.communicate()
-        pytest.fail(f"the chaos run did not end within {DEADLINE}s:\n{output[-8000:]}")
-    assert proc.returncode == 0, output[-12000:]
+    run = run_bench("chaos.py", "--duration", "20", "--jobs", "150", "--seed", "7",
+                    "--json", str(report), deadline=DEADLINE)
+    output = run.stdout
+    assert run.returncode == 0, output[-12000:]
 
     result = json.loads(report.read_text())
     summary = result["summary"]

@@ -7,39 +7,24 @@ the figures only have to exist. The full run is `.venv/bin/python bench/failover
 """
 
 import json
-import os
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.e2e.harness import REPO, run_bench
+
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 240  # seconds; the run takes ~30 s on a loaded 2-CPU machine
 
 
 def test_failover_benchmark_runs_and_drain_repeats_nothing(tmp_path):
     report = tmp_path / "failover.json"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("ZKTASKS_TEST_") and k != "DJANGO_SETTINGS_MODULE"}
-    cmd = [sys.executable, str(REPO / "bench" / "failover.py"), "--trials", "1",
-           "--session-timeout", "2", "--json", str(report)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = proc.communicate(timeout=DEADLINE)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the harness stops its workers and server
-        try:
-            output, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            output, _ = proc.communicate()
-        pytest.fail(f"the failover run did not end within {DEADLINE}s:\n{output[-8000:]}")
-    assert proc.returncode == 0, output[-12000:]
+    run = run_bench("failover.py", "--trials", "1", "--session-timeout", "2",
+                    "--json", str(report), deadline=DEADLINE)
+    output = run.stdout
+    assert run.returncode == 0, output[-12000:]
 
     result = json.loads(report.read_text())
     assert result["failures"] == [], result["failures"]
