@@ -7,7 +7,7 @@ scenario starts `python -m django runworker` processes on a fresh root, and meas
 
 * submit/s: N no-op jobs submitted back to back from this process (zktasks' API), by
   one loop or, with --submitters, by that many threads at once (a web server's request
-  threads);
+  threads; --submitters 1,4,16 runs every scenario once per count, ratios paired by it);
 * end-to-end jobs/s: N / (last job's finished_at - first submit);
 * latency p50/p99: submit one job, wait for its result, repeat (idle cluster);
 * ZooKeeper requests and write transactions per job, from the server's own counters
@@ -654,6 +654,7 @@ class Row:
     drain_window: dict = field(default_factory=dict)   # what the drain rate was timed on
     server_mb: float | None = None       # PSS of ZooKeeper / Redis / PostgreSQL afterwards
     matrix: bool = False
+    submitters: int = 1                  # threads submitting the streaming phase's jobs
 
 
 def record_memory(row: "Row", procs) -> None:
@@ -760,10 +761,11 @@ def start_workers(sc: Scenario, zk, root: str, log_dir: Path) -> list["Proc"]:
     return procs
 
 
-def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row:
+def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path,
+                 submitters: int = 1) -> Row:
     root = f"/bench-{sc.name}-{secrets.token_hex(4)}"
     row = Row(sc.name, sc.workers, sc.pool, sc.concurrency, args.jobs, system=sc.system,
-              workload=sc.workload, matrix=sc.matrix)
+              workload=sc.workload, matrix=sc.matrix, submitters=submitters)
     print(f"-- {sc.name}: {sc.workers} worker(s), pool={sc.pool}, concurrency="
           f"{sc.concurrency}, root={root}", flush=True)
     procs: list[Proc] = []
@@ -829,7 +831,7 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path) -> Row
         t0 = time.time()
         p0 = time.perf_counter()
         # The submit rate counts until every job is written.
-        handles = submit_all(driver.submit, args.jobs, args.submitters, driver.batch)
+        handles = submit_all(driver.submit, args.jobs, submitters, driver.batch)
         submit_s = time.perf_counter() - p0
         monitor.wait_drained(driver.queue_path, driver.assignments_path, procs, DRAIN_DEADLINE)
         delta = phase.end(args.jobs)
@@ -966,11 +968,11 @@ def _peer_worker(result: dict, trees: dict[str, set[int]]) -> str | None:
     return None
 
 
-def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
+def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path, submitters: int = 1) -> Row:
     """The same three phases through a peer system (bench/peers): its own API to submit
     and to wait, its own worker command, its server's counters."""
     row = Row(sc.name, sc.workers, sc.pool, sc.concurrency, args.jobs, system=sc.system,
-              workload=sc.workload, matrix=sc.matrix)
+              workload=sc.workload, matrix=sc.matrix, submitters=submitters)
     each = ("at default concurrency" if os.environ.get("BENCH_PEER_DEFAULTS")
             else "one job at a time each")
     print(f"-- {sc.name}: {sc.workers} worker process(es), {each}, workload {sc.workload}",
@@ -1014,7 +1016,7 @@ def run_queue_scenario(sc: Scenario, drv, args, log_dir: Path) -> Row:
         c0 = counters() if counters else None
         t0 = time.time()
         p0 = time.perf_counter()
-        handles = submit_all(lambda: drv.submit(sc.workload), args.jobs, args.submitters,
+        handles = submit_all(lambda: drv.submit(sc.workload), args.jobs, submitters,
                              contextlib.nullcontext)
         submit_s = time.perf_counter() - p0
         last = max(r["at"] for r in _wait_all(drv, handles, procs))
@@ -1206,31 +1208,43 @@ RATIO_FIGURES = (
 
 
 def ratio_rows(rows: list[Row]) -> list[dict]:
-    """zktasks / each peer of the same workload and worker count; the -pipelined rows get
-    their own lines ("zktasks" names which row was the numerator)."""
+    """zktasks / each peer of the same workload, worker count and submitter threads; the
+    -pipelined rows get their own lines ("zktasks" names which row was the numerator)."""
     out = []
     for system in ("zktasks", PIPELINED, PIPELINED_THREAD):
-        ours = {(r.workload, r.workers): r for r in rows if r.system == system and r.matrix}
+        ours = {(r.workload, r.workers, r.submitters): r for r in rows
+                if r.system == system and r.matrix}
         for r in rows:
-            base = ours.get((r.workload, r.workers))
+            base = ours.get((r.workload, r.workers, r.submitters))
             if base is None or r.system in OURS:
                 continue
             ratios = {}
             for title, attr in RATIO_FIGURES:
                 mine, theirs = getattr(base, attr), getattr(r, attr)
                 ratios[title] = mine / theirs if mine and theirs else None
-            out.append({"workload": r.workload, "workers": r.workers, "peer": r.system,
+            out.append({"workload": r.workload, "workers": r.workers,
+                        "submitters": r.submitters, "peer": r.system,
                         "zktasks": base.system, **ratios})
     return out
 
 
-def format_ratios(ratios: list[dict]) -> str:
+def format_ratios(ratios: list[dict], sweep: bool = False) -> str:
     columns = [("workload", lambda d: d["workload"], "{}"),
                ("workers", lambda d: d["workers"], "{}"),
                ("zktasks", lambda d: d["zktasks"], "{}"),
                ("/ peer", lambda d: d["peer"], "{}")]
+    if sweep:
+        columns.insert(2, ("submitters", lambda d: d["submitters"], "{}"))
     columns += [(title, (lambda d, t=title: d[t]), "{:.2f}") for title, _ in RATIO_FIGURES]
-    return format_table(ratios, columns, left=4)
+    return format_table(ratios, columns, left=len(columns) - len(RATIO_FIGURES))
+
+
+def with_submitters(columns) -> list:
+    """`columns` with the row's submitter threads after its scenario (a --submitters
+    sweep runs each scenario once per count)."""
+    columns = [(title, (lambda r, a=get: getattr(r, a)) if isinstance(get, str) else get, fmt)
+               for title, get, fmt in columns]
+    return [columns[0], ("submitters", lambda r: r.submitters, "{}"), *columns[1:]]
 
 
 def format_table(rows: list, columns=None, left: int = 3) -> str:
@@ -1294,10 +1308,12 @@ def parse_args(argv=None):
     mode.add_argument("--one-at-a-time", action="store_true",
                       help="peer matrix with every worker process running one job at a "
                            "time (concurrency 1), instead of each system's defaults")
-    parser.add_argument("--submitters", type=int, default=1, metavar="N",
+    parser.add_argument("--submitters", type=_counts, default=(1,), metavar="N[,N...]",
                         help="submit the streaming phase's jobs from N threads at once, "
                              "as a web server's request threads do (default 1: one "
-                             "loop); the backlog and latency phases stay one loop")
+                             "loop); the backlog and latency phases stay one loop. A "
+                             "list (1,4,16) runs every scenario once per count, and "
+                             "pairs the ratios by it")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--only", metavar="NAMES",
                         help="comma-separated scenario names to run (default: all)")
@@ -1314,9 +1330,20 @@ def parse_args(argv=None):
         args.latency = 50 if args.quick else 200
     if args.jobs < 1 or args.latency < 1:
         parser.error("--jobs and --latency must be at least 1")
-    if not 1 <= args.submitters <= args.jobs:
+    if not all(1 <= n <= args.jobs for n in args.submitters):
         parser.error("--submitters must be between 1 and --jobs")
     return args
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """`4` or `1,4,16`: the submitter thread counts, in the order given, once each."""
+    try:
+        counts = tuple(dict.fromkeys(int(part) for part in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a count or a comma-separated list of counts (4, or 1,4,16)"
+        ) from None
+    return counts
 
 
 WORKLOADS = ("noop", "sleep10")
@@ -1439,16 +1466,23 @@ def main(argv=None) -> int:
         if any(sc.kind == "zktasks" for sc in scenarios):
             warm_up_with_zktasks(zk, monitor, args, log_dir)
         rows = []
-        for sc in scenarios:
-            if sc.kind != "queue":
-                rows.append(run_scenario(sc, zk, monitor, args, log_dir))
-                continue
-            if sc.system not in drivers:
-                server = servers[peers.SYSTEMS[sc.system][1]]
-                drivers[sc.system] = peers.driver(sc.system, server)
-                info.setdefault("peers", {})[sc.system] = \
-                    f"{drivers[sc.system].versions()}; {server.name} {server.version}"
-            rows.append(run_queue_scenario(sc, drivers[sc.system], args, log_dir))
+        sweep = len(args.submitters) > 1
+        # A sweep runs the whole list once per count, so the systems of one count run
+        # side by side in the same minutes.
+        for submitters in args.submitters:
+            if sweep:
+                print(f"== {submitters} submitter thread(s)", flush=True)
+            for sc in scenarios:
+                if sc.kind != "queue":
+                    rows.append(run_scenario(sc, zk, monitor, args, log_dir, submitters))
+                    continue
+                if sc.system not in drivers:
+                    server = servers[peers.SYSTEMS[sc.system][1]]
+                    drivers[sc.system] = peers.driver(sc.system, server)
+                    info.setdefault("peers", {})[sc.system] = \
+                        f"{drivers[sc.system].versions()}; {server.name} {server.version}"
+                rows.append(run_queue_scenario(sc, drivers[sc.system], args, log_dir,
+                                               submitters))
         info["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
         mntr = zk.four_letter_word("mntr")
         for key in ("avg_fsynctime", "max_fsynctime", "cnt_fsynctime"):
@@ -1457,9 +1491,9 @@ def main(argv=None) -> int:
         print()
         print(format_machine(info))
         print(f"command:   .venv/bin/python bench/run.py {' '.join(sys.argv[1:])}".rstrip())
-        if args.submitters > 1:
-            print(f"submitters: {args.submitters} threads in the streaming phase (submit/s "
-                  "and e2e); backlog and latency from one loop")
+        if args.submitters != (1,):
+            print(f"submitters: {', '.join(map(str, args.submitters))} threads in the "
+                  "streaming phase (submit/s and e2e); backlog and latency from one loop")
         if info.get("peers"):
             print("peers:     " + "\n           ".join(
                 f"{name}: {versions}" for name, versions in info["peers"].items()))
@@ -1467,7 +1501,8 @@ def main(argv=None) -> int:
         matrix = [r for r in rows if r.matrix]
         print()
         if zk_rows:
-            print(format_table(zk_rows))
+            print(format_table(zk_rows, with_submitters(COLUMNS), left=4) if sweep
+                  else format_table(zk_rows))
         if any(r.scenario.startswith("peer") for r in rows):
             print("\npeer-raw-kazoo = raw kazoo, batched multis, no task execution "
                   "(bench/peer.py): the ZooKeeper floor for the same transitions.")
@@ -1477,7 +1512,8 @@ def main(argv=None) -> int:
               "switches of the worker processes per\njob (streaming); median latency split "
               "into enqueued->started, started->finished,\nfinished->waiter woke.")
         if zk_rows:
-            print(format_table(zk_rows, DETAIL_COLUMNS, left=1))
+            print(format_table(zk_rows, with_submitters(DETAIL_COLUMNS) if sweep
+                               else DETAIL_COLUMNS, left=1))
         ratios = ratio_rows(rows)
         if matrix:
             each = ("each at its system's default concurrency"
@@ -1489,12 +1525,13 @@ def main(argv=None) -> int:
                   "process\nwith its children (task processes, prefork children, work "
                   "horses), sampled every\n0.5 s, the largest worker; server MB = PSS of "
                   "ZooKeeper, Redis or PostgreSQL after the\nscenario.")
-            print(format_table(matrix, MATRIX_COLUMNS, left=1))
+            print(format_table(matrix, with_submitters(MATRIX_COLUMNS) if sweep
+                               else MATRIX_COLUMNS, left=1))
         if ratios:
             print("\nzktasks / peer, same workload and worker count, same run (throughput: "
                   "above 1 = zktasks\nfaster; p50, p99, PSS: above 1 = zktasks slower or "
                   "bigger):")
-            print(format_ratios(ratios))
+            print(format_ratios(ratios, sweep))
         if args.profile:
             from bench.profile_summary import report
 
@@ -1502,7 +1539,7 @@ def main(argv=None) -> int:
                 report(path, top=12)
         if args.json:
             payload = {"machine": info, "jobs": args.jobs, "latency_samples": args.latency,
-                       "submitters": args.submitters,
+                       "submitters": list(args.submitters),
                        "rows": [asdict(r) for r in rows], "ratios": ratios}
             Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
             print(f"\nwrote {args.json}")
