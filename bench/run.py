@@ -1242,15 +1242,13 @@ def format_ratios(ratios: list[dict], sweep: bool = False) -> str:
 def with_submitters(columns) -> list:
     """`columns` with the row's submitter threads after its scenario (a --submitters
     sweep runs each scenario once per count)."""
-    columns = [(title, (lambda r, a=get: getattr(r, a)) if isinstance(get, str) else get, fmt)
-               for title, get, fmt in columns]
-    return [columns[0], ("submitters", lambda r: r.submitters, "{}"), *columns[1:]]
+    return [columns[0], ("submitters", "submitters", "{}"), *columns[1:]]
 
 
 def format_table(rows: list, columns=None, left: int = 3) -> str:
-    if columns is None:
-        columns = [(title, (lambda r, a=attr: getattr(r, a)), fmt)
-                   for title, attr, fmt in COLUMNS]
+    """`columns`: (title, the row's attribute name or a function of the row, format)."""
+    columns = [(title, (lambda r, a=get: getattr(r, a)) if isinstance(get, str) else get, fmt)
+               for title, get, fmt in (COLUMNS if columns is None else columns)]
     header = [title for title, _, _ in columns]
     body = []
     for row in rows:

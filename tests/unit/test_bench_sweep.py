@@ -3,6 +3,7 @@ and the pairing of ratios by submitter threads (a sweep runs each scenario once 
 count; zktasks with 4 threads must be compared with a peer with 4, never with 1)."""
 
 import importlib
+import os
 
 import pytest
 
@@ -11,8 +12,6 @@ import pytest
 def bench_run(monkeypatch):
     # bench/run.py points DJANGO_SETTINGS_MODULE at its own settings when imported;
     # setting it here first makes monkeypatch put the test run's value back afterwards.
-    import os
-
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", os.environ["DJANGO_SETTINGS_MODULE"])
     return importlib.import_module("bench.run")
 
