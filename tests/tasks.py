@@ -342,6 +342,17 @@ def pid():
 
 
 @zk_task
+def origin():
+    """Where the task process that runs it comes from: its pid, its parent's, and whether
+    it is a fork of a fork server that set Django up (zktasks/forkserver.py)."""
+    import sys
+
+    server = sys.modules.get("zktasks.forkserver")
+    return {"pid": os.getpid(), "ppid": os.getppid(),
+            "preloaded": server is not None and server.error is None}
+
+
+@zk_task
 def leaves_a_thread():
     """Start a non-daemon thread that never ends (it keeps its process from exiting)."""
     threading.Thread(target=threading.Event().wait, name="left-behind").start()

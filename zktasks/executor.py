@@ -1,18 +1,22 @@
 """Run one job's code, in a task process (default) or a thread, and report its outcome.
 
-Task processes are spawned, not forked: a KazooClient is not fork-safe, and the task code
-must never touch the worker's session. A task process that exits (os._exit, a segfault,
+Task processes are never forks of the worker: a KazooClient is not fork-safe, and the task
+code must never touch the worker's session. They are forks of a fork server, a fresh
+interpreter that set Django up once (zktasks/forkserver.py), or, where there is no fork
+server, spawned interpreters that each set it up. A task process that exits (os._exit, a segfault,
 the OOM killer) or runs past its time limit costs that one job: the slot starts a fresh
 process and the worker goes on.
 """
 
 import asyncio
 import ctypes
+import json
 import logging
 import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -253,16 +257,19 @@ def _die_with_parent() -> None:
 
 
 _READY = "ready"  # a task process's first message: set up, waiting for runs
+_READY_FORKED = "ready, forked"  # the same, from a fork of a set-up fork server
 # Signals a process group gets (Ctrl-C, a closed terminal, systemd's control-group stop):
 # a task process ignores them, and they are blocked from before its start until then.
 _GROUP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 READY_TIMEOUT = 120.0  # seconds a new task process may take to set up Django
 
 
-def _child_main(conn, parent_pid: int, cancel_flags) -> None:
+def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
     _die_with_parent()
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+    # The parent (the worker, or the fork server) died before prctl took effect.
+    if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
+    server = _forked_from_server()
     # Ctrl-C reaches the whole process group, and so does SIGTERM from systemd's default
     # KillMode=control-group, supervisord's stopasgroup or `kill -TERM -PGID`: the worker
     # decides what stops (it drains, and kills a task process with SIGKILL when it must).
@@ -277,12 +284,18 @@ def _child_main(conn, parent_pid: int, cancel_flags) -> None:
     from . import context
 
     context.bind_shared_flags(cancel_flags)
+    if server is not None and server.error:
+        # The fork server could not set Django up: its traceback, and the worker stops
+        # with the reason (ProcessRunner.wait_ready).
+        sys.stderr.write(server.error)
+        sys.stderr.flush()
+        os._exit(1)
     import django
 
-    django.setup()
+    django.setup()  # nothing left to do in a fork of a server that set it up
     # Ready: the worker counts a run's hard time limit from the hand-off, so it waits
     # for this before the first one (django.setup() took 3 s on a loaded 2-CPU VM).
-    conn.send(_READY)
+    conn.send(_READY_FORKED if server is not None else _READY)
     while True:
         try:
             message = conn.recv()
@@ -303,6 +316,76 @@ def _child_main(conn, parent_pid: int, cancel_flags) -> None:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
             conn.send(outcome)
+
+
+# -- the fork server ----------------------------------------------------------------------
+# multiprocessing keeps one fork server per process; its module-level API has no way to
+# know which server a pid is, to stop one, or to tell a child to let go of the server,
+# so these use the attributes of multiprocessing.forkserver._forkserver (the same in
+# CPython 3.12-3.14) and fall back to doing without them.
+
+# The worker's sys.path, as JSON, for the server's preload (zktasks/forkserver.py):
+# multiprocessing passes sys.path to spawned processes but not to its fork server (CPython
+# 3.12-3.13 drop the server's sys_path argument), so a project found through the
+# directory of manage.py would not import there.
+SYS_PATH_ENV = "ZKTASKS_TASK_SYS_PATH"
+_server_lock = threading.Lock()
+_server_for: tuple[str | None, str] | None = None  # (settings, sys.path) it set up with
+
+
+def fork_server_pid() -> int | None:
+    """Start the fork server if it is not running, and return its pid (None if unknown).
+
+    A server set up under other settings (a test that changed DJANGO_SETTINGS_MODULE)
+    is stopped first: its task processes would run the old ones.
+    """
+    from multiprocessing import forkserver as mp_forkserver
+
+    global _server_for
+    server = mp_forkserver._forkserver
+    key = (os.environ.get("DJANGO_SETTINGS_MODULE"), json.dumps(sys.path))
+    with _server_lock:
+        if _server_for is not None and _server_for != key:
+            getattr(server, "_stop", lambda: None)()
+        if os.environ.get(SYS_PATH_ENV) != key[1]:
+            os.environ[SYS_PATH_ENV] = key[1]  # read by the server's preload
+        mp_forkserver.set_forkserver_preload(["zktasks.forkserver"])
+        mp_forkserver.ensure_running()
+        _server_for = key
+        return getattr(server, "_forkserver_pid", None)
+
+
+def kill_fork_server() -> None:
+    """SIGKILL the fork server (one stuck setting Django up); its task processes die too."""
+    from multiprocessing import forkserver as mp_forkserver
+
+    pid = getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _forked_from_server():
+    """In a task process: the preload module of the fork server it is a fork of
+    (zktasks/forkserver.py), or None if it was spawned or that server could not import
+    it (then the task process sets Django up itself)."""
+    from multiprocessing import forkserver as mp_forkserver
+
+    server = mp_forkserver._forkserver
+    if server.get_inherited_fds() is None:
+        return None  # spawned
+    # multiprocessing gives every child the write end of the pipe by which the server
+    # learns that the worker is gone (it exits at EOF), so that the child can start
+    # processes through it too. A task process has no use for it, and holding it kept
+    # the server alive after a SIGKILLed worker, and with it every task process (their
+    # parent-death signal is the server's exit).
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        os.close(fd)
+        server._forkserver_alive_fd = None
+    return sys.modules.get("zktasks.forkserver")
 
 
 def _on_soft_timeout(signum, frame):
@@ -328,37 +411,48 @@ class _Slot:
         self.cancelled = False
         self.killed = None  # the process a forced cancel sent SIGKILL, until reaped
         self.ready = False  # whether the task process has said it is set up
+        self.forked = False  # whether it said so as a fork of a set-up fork server
+        self._ensure_lock = threading.Lock()  # ProcessRunner's starter and the runner
         self.runs = 0
         self.handed = 0  # jobs handed to the current task process (--max-tasks-per-child)
         self.cancel_flags = ctx.Array("q", BATCH_MAX, lock=False)  # see context.py
 
     def ensure(self) -> None:
-        process = self.process
-        # SIGKILL is not instant: a process a forced cancel killed can look alive for a
-        # moment, and, if the outcome it was on had already been read, nobody else
-        # reaps it. Never hand it the next run.
-        if process is not None and process is not self.killed and process.is_alive():
-            return
-        if process is not None:
-            self._reap()  # joins (at once for a dead or killed process) and closes
-        self.close()
-        parent, child = self.ctx.Pipe()
-        self.process = self.ctx.Process(
-            target=_child_main, args=(child, os.getpid(), self.cancel_flags),
-            name=f"zktasks-task-{self.index}",
-            daemon=True,
-        )
-        # Until _child_main ignores them, the group's SIGTERM or SIGINT killed a task
-        # process still booting, and the job about to be handed to it failed with
-        # TaskProcessDied though it never started. The mask is this thread's; the child
-        # inherits it through fork and exec.
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
-        try:
-            self.process.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        child.close()
-        self.conn, self.ready, self.handed = parent, False, 0
+        with self._ensure_lock:
+            process = self.process
+            # SIGKILL is not instant: a process a forced cancel killed can look alive for
+            # a moment, and, if the outcome it was on had already been read, nobody else
+            # reaps it. Never hand it the next run.
+            if process is not None and process is not self.killed and process.is_alive():
+                return
+            if process is not None:
+                self._reap()  # joins (at once for a dead or killed process) and closes
+            self.close()
+            forked = self.ctx.get_start_method() == "forkserver"
+            parent, child = self.ctx.Pipe()
+            process = self.ctx.Process(
+                target=_child_main,
+                args=(child, fork_server_pid() if forked else os.getpid(),
+                      self.cancel_flags),
+                name=f"zktasks-task-{self.index}",
+                daemon=True,
+            )
+            # Until _child_main ignores them, the group's SIGTERM or SIGINT killed a task
+            # process still booting, and the job about to be handed to it failed with
+            # TaskProcessDied though it never started. The mask is this thread's; a
+            # spawned child inherits it through fork and exec (the fork server, whose
+            # forks these are otherwise, ignores them: zktasks/forkserver.py).
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
+            try:
+                process.start()
+            except BaseException:
+                parent.close()
+                raise
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+                child.close()
+            self.process = process
+            self.conn, self.ready, self.handed = parent, False, 0
 
     def send(self, message):
         """Hand runs to the task process; return the connection, or None if it is gone."""
@@ -410,10 +504,10 @@ class _Slot:
     def check_ready(self, conn) -> None:
         """Read a new task process's first message, which must say it is set up."""
         message = conn.recv()  # EOFError if it died setting up
-        if message != _READY:
+        if message not in (_READY, _READY_FORKED):
             raise RuntimeError(f"A task process's first message was {message!r}, "
                                f"not {_READY!r}.")
-        self.ready = True
+        self.ready, self.forked = True, message == _READY_FORKED
 
     def run(self, number: int, execution: Execution) -> Outcome:
         conn = self.send((number, execution))
@@ -575,8 +669,14 @@ class ProcessRunner:
     batch_max = BATCH_MAX  # the most jobs run_many takes at once
 
     def __init__(self, size: int, *, max_tasks: int | None = None,
-                 max_memory_kb: int | None = None):
-        self.ctx = multiprocessing.get_context("spawn")
+                 max_memory_kb: int | None = None, start_method: str | None = None):
+        # "forkserver" where there is one (zktasks/forkserver.py), else "spawn".
+        self.start_method = start_method or (
+            "forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
+            else "spawn")
+        self.ctx = multiprocessing.get_context(self.start_method)
+        self._starting: threading.Thread | None = None
+        self._start_error: BaseException | None = None
         self.slots = [_Slot(self.ctx, i) for i in range(size)]
         self.free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -590,9 +690,33 @@ class ProcessRunner:
     def start(self) -> None:
         """Start every task process, without waiting for them to set up (wait_ready:
         a run handed over before that waits for its process)."""
+        if self.start_method != "forkserver":
+            for slot in self.slots:
+                slot.ensure()
+                self.free.put(slot)
+            return
+        # A fork server sets Django up before it forks the first task process, and
+        # starting a process waits for its fork: seconds, or forever for a setup that
+        # hangs. So they start on a thread of their own, which wait_ready waits for
+        # within READY_TIMEOUT. (Not so for spawned ones: their parent-death signal
+        # comes when the thread that started them exits.)
         for slot in self.slots:
-            slot.ensure()
-            self.free.put(slot)
+            self.free.put(slot)  # a run handed over meanwhile starts its slot itself
+        self._starting = threading.Thread(target=self._start_slots, daemon=True,
+                                          name="zktasks-task-start")
+        self._starting.start()
+
+    def _start_slots(self) -> None:
+        try:
+            for slot in self.slots:
+                slot.ensure()
+        except BaseException as exc:  # noqa: BLE001 - wait_ready reports it
+            self._start_error = exc
+
+    @property
+    def forked(self) -> bool:
+        """Whether every task process is a fork of a fork server that set Django up."""
+        return all(slot.forked for slot in self.slots)
 
     def wait_ready(self, abort: threading.Event | None = None) -> bool:
         """Wait until every task process has set up Django; False if `abort` was set
@@ -601,11 +725,28 @@ class ProcessRunner:
         a task process that cannot set up at all (settings that fail to import in a fresh
         interpreter, say) stops the worker with its reason instead of failing every job
         it is given. Raises TaskProcessDied then, with the task processes stopped."""
-        waiting = {slot.conn: slot for slot in self.slots if not slot.ready}
         deadline = time.monotonic() + READY_TIMEOUT
-        while waiting:
+        starting = self._starting
+        while starting is not None and starting.is_alive():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                break  # the fork server is stuck setting Django up: reported below
+            if abort is not None and abort.is_set():
+                return False
+            starting.join(min(remaining, 0.5))
+        if self._start_error is not None:
+            self.stop(force=True)
+            raise TaskProcessDied(
+                "The fork server of the task processes exited while it set up Django, "
+                f"before running any job ({self._start_error!r}); runworker stopped. Its "
+                "traceback is above, if it printed one. It is a fresh interpreter that "
+                "imports the settings and calls django.setup(): fix what fails there, or "
+                "run jobs in the worker itself with --pool thread."
+            ) from self._start_error
+        waiting = {slot.conn: slot for slot in self.slots if not slot.ready}
+        while waiting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or None in waiting:
                 self.stop(force=True)
                 raise TaskProcessDied(
                     f"A task process did not set up Django within {READY_TIMEOUT:g}s; "
@@ -796,6 +937,11 @@ class ProcessRunner:
                     slot.flag(number)
 
     def stop(self, *, force: bool = False) -> None:
+        starting = self._starting
+        if starting is not None and starting.is_alive():
+            if force:
+                kill_fork_server()  # stuck setting Django up: its fork never comes
+            starting.join(5 if force else READY_TIMEOUT)
         for slot in self.slots:
             if force:
                 slot.kill()

@@ -234,8 +234,10 @@ class Worker:
             self._close_unregistered()
             return
         if self.pool_name == "process":
-            logger.info("task processes ready count=%d took=%.1fs", self.concurrency,
-                        time.monotonic() - began)
+            # setup=shared: forks of one fork server that set Django up once.
+            logger.info("task processes ready count=%d took=%.1fs setup=%s",
+                        self.concurrency, time.monotonic() - began,
+                        "shared" if self.runner.forked else "each")
         self.client.add_listener(self._on_state)
         # Again (a new identity) if the session changed under the first try.
         self.store.retry(self._register, deadline=self.options.connect_timeout)

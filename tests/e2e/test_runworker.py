@@ -312,18 +312,22 @@ def test_task_process_dies_with_its_worker(backend, runworker, zk_client, tmp_pa
     pid_file = tmp_path / "pid"
     wait_until(pid_file.exists, 30, "the task to start")
     task_pid = int(pid_file.read_text())
+    with open(f"/proc/{task_pid}/stat") as stat:
+        parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+    assert parent != proc.pid  # the fork server's fork, not the worker's child
     proc.send_signal(signal.SIGKILL)
     proc.wait(60)
 
-    def gone():
+    def gone(pid):
         # Dead, or a zombie nobody has reaped yet (it runs nothing any more).
         try:
-            with open(f"/proc/{task_pid}/stat") as stat:
+            with open(f"/proc/{pid}/stat") as stat:
                 return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
         except FileNotFoundError:
             return True
 
-    wait_until(gone, 60, f"task process {task_pid} to die with its worker")
+    wait_until(lambda: gone(task_pid), 60, f"task process {task_pid} to die with its worker")
+    wait_until(lambda: gone(parent), 60, f"the fork server {parent} to exit with its worker")
 
 
 @pytest.mark.parametrize("args,message", [

@@ -163,10 +163,12 @@ def test_a_runs_time_limit_starts_once_its_task_process_is_set_up(monkeypatch):
     limit (3 s + 1 s of grace here) is counted from the hand-off, so the worker waits
     for the process to say it is ready: the job is not killed for the setup's time (10 s
     here, well past the limit). The worker waits for its first processes before
-    registering (wait_ready); this is the one that replaces a process that died."""
+    registering (wait_ready); this is the one that replaces a process that died.
+    Spawned task processes (where there is no fork server): a fork of one is set up
+    already (test_fork_server.py)."""
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_settings")
     monkeypatch.setenv("SLOW_SETUP_SECONDS", "0")  # the first process: no need to wait
-    runner = ProcessRunner(1)
+    runner = ProcessRunner(1, start_method="spawn")
     runner.start()
     try:
         assert runner.wait_ready()
@@ -179,9 +181,13 @@ def test_a_runs_time_limit_starts_once_its_task_process_is_set_up(monkeypatch):
         runner.stop()
 
 
-def test_a_task_process_that_cannot_set_up_stops_the_worker_with_its_reason(monkeypatch):
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_task_process_that_cannot_set_up_stops_the_worker_with_its_reason(
+        monkeypatch, start_method):
+    """Spawned, each task process fails its own setup; forked, the fork server's failed,
+    and each fork prints its traceback and exits the same way."""
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.broken_task_process_settings")
-    runner = ProcessRunner(2)
+    runner = ProcessRunner(2, start_method=start_method)
     runner.start()
     with pytest.raises(TaskProcessDied, match=r"exited with exit code 1 while it set up "
                                               r"Django.*--pool thread"):
@@ -189,10 +195,12 @@ def test_a_task_process_that_cannot_set_up_stops_the_worker_with_its_reason(monk
     assert all(slot.process is None for slot in runner.slots)  # none left running
 
 
-def test_waiting_for_task_processes_ends_when_the_worker_is_stopped(monkeypatch):
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_waiting_for_task_processes_ends_when_the_worker_is_stopped(monkeypatch,
+                                                                   start_method):
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_settings")
     monkeypatch.setenv("SLOW_SETUP_SECONDS", "60")
-    runner = ProcessRunner(1)
+    runner = ProcessRunner(1, start_method=start_method)
     runner.start()
     abort = threading.Event()
     try:

@@ -17,8 +17,8 @@ from zktasks.executor import ProcessRunner
 def make_runner():
     started = []
 
-    def make(**limits):
-        runner = ProcessRunner(1, **limits)
+    def make(**options):
+        runner = ProcessRunner(1, **options)
         runner.start()
         started.append(runner)
         return runner
@@ -94,14 +94,17 @@ def test_threads_have_no_process_to_replace():
 def test_a_group_signal_while_a_task_process_boots_costs_no_job(make_runner, monkeypatch):
     """systemd's control-group stop and Ctrl-C signal every process of the group. A task
     process ignores them once set up; one still booting (just replaced) died of them,
-    and the job handed to it next failed with TaskProcessDied though it never ran."""
+    and the job handed to it next failed with TaskProcessDied though it never ran.
+    Spawned task processes (where there is no fork server), which boot for seconds; a
+    fork of the fork server is set up already, and the server ignores these signals
+    itself (test_fork_server.py)."""
     import signal
 
     # The replacement takes 5 s to set up Django: the signals below surely reach it while
     # it boots, not once it is set up (and ignores them anyway).
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_settings")
     monkeypatch.setenv("SLOW_SETUP_SECONDS", "0")
-    runner = make_runner(max_tasks=1)
+    runner = make_runner(max_tasks=1, start_method="spawn")
     monkeypatch.setenv("SLOW_SETUP_SECONDS", "5")  # read by the processes started from now
     first = value(runner.run(execution(tasks.pid)))  # replaced at once: the next boots
     booting = runner.slots[0].process

@@ -1,0 +1,76 @@
+"""Task processes forked from one fork server that set Django up once
+(zktasks/forkserver.py), with real processes (no ZooKeeper involved): they share its
+pages, a replacement is a fork, and the server lives and dies with the worker."""
+
+import os
+import signal
+
+import pytest
+
+from tests import tasks
+from tests.unit.test_task_process_batches import execution, value
+from tests.unit.test_task_process_recycling import _alive
+from tests.waiting import wait_until
+from zktasks import executor
+from zktasks.exceptions import TaskProcessDied
+from zktasks.executor import ProcessRunner
+
+pytestmark = pytest.mark.skipif(
+    ProcessRunner(1).start_method != "forkserver", reason="no fork server on this platform")
+
+
+@pytest.fixture
+def runner():
+    runner = ProcessRunner(2)
+    runner.start()
+    assert runner.wait_ready()
+    yield runner
+    runner.stop()
+
+
+def test_task_processes_are_forks_of_one_server_that_set_django_up(runner):
+    first, second = (value(runner.run(execution(tasks.origin))) for _ in range(2))
+    assert first["pid"] != second["pid"]  # one per slot
+    server = executor.fork_server_pid()
+    assert first["ppid"] == second["ppid"] == server != os.getpid()
+    assert first["preloaded"] and second["preloaded"]
+    assert runner.forked  # the worker logs it: "setup=shared"
+
+
+def test_a_replacement_is_a_fork_of_the_same_server(runner):
+    before = [value(runner.run(execution(tasks.origin))) for _ in range(2)]  # both slots
+    assert not runner.run(execution(tasks.exit_hard, 3)).ok  # a task kills its process
+    after = [value(runner.run(execution(tasks.origin))) for _ in range(2)]
+    old_pids = {o["pid"] for o in before}
+    new = [o for o in after if o["pid"] not in old_pids]
+    assert len(new) == 1  # the replacement (the other slot kept its process)
+    assert new[0]["ppid"] == before[0]["ppid"] and new[0]["preloaded"]
+
+
+def test_the_server_ignores_the_signals_of_the_process_group(runner):
+    """systemd's control-group stop, Ctrl-C and a closed terminal signal every process
+    of the group, the fork server too. Its death would kill every task process (their
+    parent-death signal) mid-job, while the worker drains."""
+    server = executor.fork_server_pid()
+    pids = {value(runner.run(execution(tasks.pid))) for _ in range(2)}
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        os.kill(server, signum)
+    assert not runner.run(execution(tasks.exit_hard, 3)).ok  # the next needs a fork
+    after = [value(runner.run(execution(tasks.origin))) for _ in range(2)]
+    assert all(o["ppid"] == server for o in after)
+    assert _alive(server) and sum(_alive(pid) for pid in pids) == 1  # the other one lived
+
+
+def test_a_server_stuck_setting_django_up_stops_the_worker_with_the_reason(monkeypatch):
+    """An app's ready() that blocks: the worker stops after READY_TIMEOUT with what to do
+    (not hang in starting the first task process), and kills the server."""
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.slow_settings")
+    monkeypatch.setenv("SLOW_SETUP_SECONDS", "60")
+    monkeypatch.setattr(executor, "READY_TIMEOUT", 1.0)
+    runner = ProcessRunner(2)
+    runner.start()
+    server = executor.fork_server_pid()
+    with pytest.raises(TaskProcessDied, match=r"did not set up Django within 1s.*--pool thread"):
+        runner.wait_ready()
+    wait_until(lambda: not _alive(server), 10, "the stuck fork server to be killed")
+    assert all(slot.process is None for slot in runner.slots)
