@@ -353,6 +353,12 @@ def origin():
 
 
 @zk_task
+def environ(name):
+    """The value of environment variable `name` where it runs."""
+    return os.environ.get(name)
+
+
+@zk_task
 def leaves_a_thread():
     """Start a non-daemon thread that never ends (it keeps its process from exiting)."""
     threading.Thread(target=threading.Event().wait, name="left-behind").start()

@@ -325,34 +325,54 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
 # CPython 3.12-3.14) and fall back to doing without them.
 
 # The worker's sys.path, as JSON, for the server's preload (zktasks/forkserver.py):
-# multiprocessing passes sys.path to spawned processes but not to its fork server (CPython
-# 3.12-3.13 drop the server's sys_path argument), so a project found through the
-# directory of manage.py would not import there.
+# multiprocessing passes sys.path to spawned processes, and hands it to its fork server
+# too, where CPython 3.12 and 3.13 ignore it: a project found through the directory of
+# manage.py would not import there.
 SYS_PATH_ENV = "ZKTASKS_TASK_SYS_PATH"
 _server_lock = threading.Lock()
-_server_for: tuple[str | None, str] | None = None  # (settings, sys.path) it set up with
+_server_env: tuple[dict, list] | None = None  # (os.environ, sys.path) it was started with
+_serving: set[int] = set()  # id() of the ProcessRunners started and not stopped
 
 
-def fork_server_pid() -> int | None:
-    """Start the fork server if it is not running, and return its pid (None if unknown).
+def _serve(runner_id: int) -> None:
+    """Before a ProcessRunner's first task process: have a fork server set up with the
+    environment and sys.path of now, as a spawned task process would be.
 
-    A server set up under other settings (a test that changed DJANGO_SETTINGS_MODULE)
-    is stopped first: its task processes would run the old ones.
+    A server started under others (an earlier in-process worker, in a test that pointed
+    the settings somewhere else since) is stopped first, unless a runner still serves
+    from it: stopping it would kill that runner's task processes. A worker's environment
+    does not change, so in `runworker` this starts the server once.
     """
     from multiprocessing import forkserver as mp_forkserver
 
-    global _server_for
-    server = mp_forkserver._forkserver
-    key = (os.environ.get("DJANGO_SETTINGS_MODULE"), json.dumps(sys.path))
+    global _server_env
+    paths = list(sys.path)
+    env = {k: v for k, v in os.environ.items() if k != SYS_PATH_ENV}
     with _server_lock:
-        if _server_for is not None and _server_for != key:
-            getattr(server, "_stop", lambda: None)()
-        if os.environ.get(SYS_PATH_ENV) != key[1]:
-            os.environ[SYS_PATH_ENV] = key[1]  # read by the server's preload
+        if _server_env not in (None, (env, paths)) and not _serving:
+            getattr(mp_forkserver._forkserver, "_stop", lambda: None)()
+        _serving.add(runner_id)
+        if os.environ.get(SYS_PATH_ENV) != json.dumps(paths):
+            os.environ[SYS_PATH_ENV] = json.dumps(paths)  # read by the server's preload
         mp_forkserver.set_forkserver_preload(["zktasks.forkserver"])
+        before = getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
         mp_forkserver.ensure_running()
-        _server_for = key
-        return getattr(server, "_forkserver_pid", None)
+        if getattr(mp_forkserver._forkserver, "_forkserver_pid", None) != before:
+            _server_env = (env, paths)  # a new one (or one started again after it died)
+
+
+def _unserve(runner_id: int) -> None:
+    with _server_lock:
+        _serving.discard(runner_id)
+
+
+def fork_server_pid() -> int | None:
+    """The fork server's pid (None if unknown), started again first if it died."""
+    from multiprocessing import forkserver as mp_forkserver
+
+    with _server_lock:
+        mp_forkserver.ensure_running()
+        return getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
 
 
 def kill_fork_server() -> None:
@@ -700,6 +720,7 @@ class ProcessRunner:
         # hangs. So they start on a thread of their own, which wait_ready waits for
         # within READY_TIMEOUT. (Not so for spawned ones: their parent-death signal
         # comes when the thread that started them exits.)
+        _serve(id(self))
         for slot in self.slots:
             self.free.put(slot)  # a run handed over meanwhile starts its slot itself
         self._starting = threading.Thread(target=self._start_slots, daemon=True,
@@ -937,6 +958,7 @@ class ProcessRunner:
                     slot.flag(number)
 
     def stop(self, *, force: bool = False) -> None:
+        _unserve(id(self))
         starting = self._starting
         if starting is not None and starting.is_alive():
             if force:

@@ -10,3 +10,4 @@ def process_runner():
     runner.start()
     yield runner
     runner.stop()
+

@@ -74,3 +74,39 @@ def test_a_server_stuck_setting_django_up_stops_the_worker_with_the_reason(monke
         runner.wait_ready()
     wait_until(lambda: not _alive(server), 10, "the stuck fork server to be killed")
     assert all(slot.process is None for slot in runner.slots)
+
+
+def test_a_runner_started_under_another_environment_gets_a_new_server(monkeypatch):
+    """As a spawned task process would: the environment (so the settings) of when the
+    runner starts. An in-process worker of a test whose settings point elsewhere than
+    the last one's (its ZooKeeper root) ran tasks under the old settings."""
+    values = []
+    for value_now in ("first", "second"):
+        monkeypatch.setenv("ZKTASKS_TEST_MARK", value_now)
+        runner = ProcessRunner(1)
+        runner.start()
+        try:
+            values.append(value(runner.run(execution(tasks.environ, "ZKTASKS_TEST_MARK"))))
+        finally:
+            runner.stop()
+    assert values == ["first", "second"]
+
+
+def test_the_server_is_not_stopped_under_a_live_runner(monkeypatch):
+    """Stopping it would kill that runner's task processes (their parent-death signal)."""
+    monkeypatch.setenv("ZKTASKS_TEST_MARK", "first")
+    live = ProcessRunner(1)
+    live.start()
+    try:
+        pid = value(live.run(execution(tasks.pid)))
+        monkeypatch.setenv("ZKTASKS_TEST_MARK", "second")
+        later = ProcessRunner(1)
+        later.start()
+        try:
+            # The server of "first" still serves: the later runner's task process too.
+            assert value(later.run(execution(tasks.environ, "ZKTASKS_TEST_MARK"))) == "first"
+        finally:
+            later.stop()
+        assert value(live.run(execution(tasks.pid))) == pid  # never killed
+    finally:
+        live.stop()
