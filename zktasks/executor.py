@@ -3,9 +3,9 @@
 Task processes are never forks of the worker: a KazooClient is not fork-safe, and the task
 code must never touch the worker's session. They are forks of a fork server, a fresh
 interpreter that set Django up once (zktasks/forkserver.py), or, where there is no fork
-server, spawned interpreters that each set it up. A task process that exits (os._exit, a segfault,
-the OOM killer) or runs past its time limit costs that one job: the slot starts a fresh
-process and the worker goes on.
+server, spawned interpreters that each set it up. A task process that exits (os._exit, a
+segfault, the OOM killer) or runs past its time limit costs that one job: the slot starts
+a fresh process and the worker goes on.
 """
 
 import asyncio
