@@ -345,11 +345,13 @@ def pid():
 def origin():
     """Where the task process that runs it comes from: its pid, its parent's, and whether
     it is a fork of a fork server that set Django up (zktasks/forkserver.py)."""
+    import gc
     import sys
 
     server = sys.modules.get("zktasks.forkserver")
     return {"pid": os.getpid(), "ppid": os.getppid(),
-            "preloaded": server is not None and server.error is None}
+            "preloaded": server is not None and server.error is None,
+            "frozen": gc.get_freeze_count(), "collecting": gc.isenabled()}
 
 
 @zk_task

@@ -10,6 +10,7 @@ a fresh process and the worker goes on.
 
 import asyncio
 import ctypes
+import gc
 import json
 import logging
 import multiprocessing
@@ -270,6 +271,7 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
     server = _forked_from_server()
+    gc.enable()  # off in the fork server, which froze what it set up (zktasks/forkserver.py)
     # Ctrl-C reaches the whole process group, and so does SIGTERM from systemd's default
     # KillMode=control-group, supervisord's stopasgroup or `kill -TERM -PGID`: the worker
     # decides what stops (it drains, and kills a task process with SIGKILL when it must).

@@ -13,6 +13,7 @@ Nothing else imports this module: a task process that finds it already imported 
 forked from a server that ran it (executor._child_main reads `error` from it).
 """
 
+import gc
 import json
 import os
 import signal
@@ -37,6 +38,12 @@ def _preload() -> None:
     paths = os.environ.get(SYS_PATH_ENV)
     if paths:
         sys.path[:] = json.loads(paths)
+    # What the gc module's documentation says for a process that forks without exec():
+    # no collection here (it would leave holes in pages the forks share), and the setup's
+    # objects frozen, so that a fork's collections never write into them (every object a
+    # collection visits is a write to its page, copied at once). A fork enables the
+    # collector again (executor._child_main).
+    gc.disable()
     try:
         import django
 
@@ -45,6 +52,15 @@ def _preload() -> None:
 
         # An app's ready() that queried would leave a socket every fork would share.
         connections.close_all()
+        # What every task process imports to run a job (dill, asyncio, the tasks
+        # framework): once here rather than in each fork.
+        import asyncio  # noqa: F401
+
+        from asgiref.sync import async_to_sync  # noqa: F401
+        from django.tasks import TaskContext  # noqa: F401
+
+        from . import context, serialization  # noqa: F401
+        gc.freeze()
     except BaseException:  # noqa: BLE001 - reported by every task process, not here
         # multiprocessing would swallow an ImportError and die of anything else; each
         # task process prints this and exits instead, and the worker stops with the

@@ -35,6 +35,9 @@ def test_task_processes_are_forks_of_one_server_that_set_django_up(runner):
     assert first["ppid"] == second["ppid"] == server != os.getpid()
     assert first["preloaded"] and second["preloaded"]
     assert runner.forked  # the worker logs it: "setup=shared"
+    # The server's objects are frozen, so a fork's collections never write into (and
+    # copy) the pages it shares; its own collector runs.
+    assert first["frozen"] > 10_000 and first["collecting"]
 
 
 def test_a_replacement_is_a_fork_of_the_same_server(runner):
