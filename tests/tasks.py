@@ -355,6 +355,17 @@ def origin():
 
 
 @zk_task
+def factorials_in_a_process_pool(numbers):
+    """Task code with processes of its own: multiprocessing refused a task process
+    children ("daemonic processes are not allowed to have children")."""
+    import math
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        return pool.map(math.factorial, numbers)
+
+
+@zk_task
 def environ(name):
     """The value of environment variable `name` where it runs."""
     return os.environ.get(name)

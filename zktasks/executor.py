@@ -286,6 +286,12 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
     from . import context
 
     context.bind_shared_flags(cancel_flags)
+    # Task code may start processes of its own (multiprocessing.Pool, a
+    # ProcessPoolExecutor), which multiprocessing refuses a daemonic process ("daemonic
+    # processes are not allowed to have children"). The flag only matters on the
+    # worker's side, where it stays (its exit terminates what is left); the worker stops
+    # its task processes itself, and they die with it (_die_with_parent).
+    multiprocessing.current_process().daemon = False
     if server is not None and server.error:
         # The fork server could not set Django up: its traceback, and the worker stops
         # with the reason (ProcessRunner.wait_ready).

@@ -226,3 +226,10 @@ def test_a_cancel_while_the_slot_starts_a_new_task_process_is_kept(runner, monke
     outcome = runner.run(job)
     assert not outcome.ok and outcome.error.exception_class_path == CANCELLED
     assert "before its task started" in outcome.error.message
+
+
+def test_task_code_can_start_processes_of_its_own(runner):
+    """A task that uses a process pool (multiprocessing.Pool, a ProcessPoolExecutor):
+    multiprocessing refused children to a task process, which is a daemonic Process."""
+    outcome = runner.run(execution(tasks.factorials_in_a_process_pool, [1, 2, 3, 4]))
+    assert value(outcome) == [1, 2, 6, 24]
