@@ -10,4 +10,3 @@ def process_runner():
     runner.start()
     yield runner
     runner.stop()
-
