@@ -366,6 +366,14 @@ def factorials_in_a_process_pool(numbers):
 
 
 @zk_task
+def imported(name):
+    """Whether module `name` is imported where it runs (without importing it)."""
+    import sys
+
+    return name in sys.modules
+
+
+@zk_task
 def environ(name):
     """The value of environment variable `name` where it runs."""
     return os.environ.get(name)

@@ -337,8 +337,10 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
 # too, where CPython 3.12 and 3.13 ignore it: a project found through the directory of
 # manage.py would not import there.
 SYS_PATH_ENV = "ZKTASKS_TASK_SYS_PATH"
+PRELOAD_MODULE = "zktasks.forkserver"
 _server_lock = threading.Lock()
-_server_env: tuple[dict, list] | None = None  # (os.environ, sys.path) it was started with
+# (os.environ, sys.path, preload list) it was started with
+_server_env: tuple[dict, list, list] | None = None
 _serving: set[int] = set()  # id() of the ProcessRunners started and not stopped
 
 
@@ -357,16 +359,27 @@ def _serve(runner_id: int) -> None:
     paths = list(sys.path)
     env = {k: v for k, v in os.environ.items() if k != SYS_PATH_ENV}
     with _server_lock:
-        if _server_env not in (None, (env, paths)) and not _serving:
+        preload = _preload_list(getattr(mp_forkserver._forkserver, "_preload_modules", []))
+        if _server_env not in (None, (env, paths, preload)) and not _serving:
             getattr(mp_forkserver._forkserver, "_stop", lambda: None)()
         _serving.add(runner_id)
         if os.environ.get(SYS_PATH_ENV) != json.dumps(paths):
             os.environ[SYS_PATH_ENV] = json.dumps(paths)  # read by the server's preload
-        mp_forkserver.set_forkserver_preload(["zktasks.forkserver"])
+        mp_forkserver.set_forkserver_preload(preload)
         before = getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
         mp_forkserver.ensure_running()
         if getattr(mp_forkserver._forkserver, "_forkserver_pid", None) != before:
-            _server_env = (env, paths)  # a new one (or one started again after it died)
+            # A new one (or one started again after it died).
+            _server_env = (env, paths, preload)
+
+
+def _preload_list(current) -> list[str]:
+    """zktasks.forkserver first (it sets Django up), then the modules the project asked
+    the fork server to preload itself (multiprocessing.set_forkserver_preload), which
+    replacing the list dropped. Not "__main__", multiprocessing's default: in a worker
+    that is manage.py, which the server would import for nothing."""
+    return [PRELOAD_MODULE] + [
+        name for name in current if name not in (PRELOAD_MODULE, "__main__")]
 
 
 def _unserve(runner_id: int) -> None:
@@ -413,7 +426,7 @@ def _forked_from_server():
     if fd is not None:
         os.close(fd)
         server._forkserver_alive_fd = None
-    return sys.modules.get("zktasks.forkserver")
+    return sys.modules.get(PRELOAD_MODULE)
 
 
 def _on_soft_timeout(signum, frame):

@@ -116,3 +116,24 @@ def test_the_server_is_not_stopped_under_a_live_runner(monkeypatch):
         assert value(live.run(execution(tasks.pid))) == pid  # never killed
     finally:
         live.stop()
+
+
+def test_the_projects_own_preload_modules_are_kept(monkeypatch):
+    """A project that names modules for the fork server to preload
+    (multiprocessing.set_forkserver_preload) keeps them: the worker's preload used to
+    replace the list. Its own module comes first, as it sets Django up."""
+    import multiprocessing
+    from multiprocessing import forkserver as mp_forkserver
+
+    monkeypatch.setattr(mp_forkserver._forkserver, "_preload_modules",
+                        list(mp_forkserver._forkserver._preload_modules))  # undone after
+    multiprocessing.set_forkserver_preload(["tests.preloaded_marker"])
+    runner = ProcessRunner(1)
+    runner.start()
+    try:
+        assert value(runner.run(execution(tasks.imported, "tests.preloaded_marker")))
+        assert value(runner.run(execution(tasks.origin)))["preloaded"]
+    finally:
+        runner.stop()
+    assert mp_forkserver._forkserver._preload_modules == [
+        executor.PRELOAD_MODULE, "tests.preloaded_marker"]
