@@ -1,8 +1,11 @@
 """Parse and validate a ZooKeeperBackend's OPTIONS; nothing here is read at import time."""
 
+import hashlib
+import hmac
 import math
 import os
 import re
+import secrets
 import ssl
 from dataclasses import dataclass, field
 
@@ -19,6 +22,9 @@ JUTE_MAXBUFFER = 0xFFFFF
 # The largest MAX_RECORD_BYTES: a record's multi also carries its path, the index entry,
 # the assignment it deletes and a running record's few more fields (a few hundred bytes).
 MAX_RECORD_LIMIT = JUTE_MAXBUFFER - 8 * 1024
+
+# Keys the digest of AUTH in Options.client_key: per process, like the client registry.
+_KEY_SALT = secrets.token_bytes(32)
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}\Z")
 
@@ -99,8 +105,15 @@ class Options:
 
     @property
     def client_key(self) -> tuple:
-        """Identify the ZooKeeper session these options need (shared by equal backends)."""
-        return (self.hosts, self.auth, self.session_timeout, self.tls)
+        """Identify the ZooKeeper session these options need (shared by equal backends).
+
+        AUTH is in it as a keyed digest, not in clear: the key is a local of the frames
+        that connect, and Django's error pages and error trackers show frame locals
+        (an unreachable ZooKeeper raises through them from a view).
+        """
+        auth = None if self.auth is None else hmac.new(
+            _KEY_SALT, self.auth.encode(), hashlib.sha256).hexdigest()
+        return (self.hosts, auth, self.session_timeout, self.tls)
 
     @property
     def verify_keys(self) -> tuple[str, ...]:
@@ -249,7 +262,9 @@ def _tls(value, where: str) -> TlsOptions | None:
         if key != "KEYFILE_PASSWORD" and isinstance(item, os.PathLike):
             item = os.fspath(item)  # BASE_DIR / "ca.pem"
         if item is not None and (not isinstance(item, str) or not item):
-            raise ConfigurationError(f"{where}[{key!r}] is {item!r}; give a path (a "
+            # A password is not shown: check() messages end up in deploy and CI logs.
+            shown = _kind(item) if key == "KEYFILE_PASSWORD" else repr(item)
+            raise ConfigurationError(f"{where}[{key!r}] is {shown}; give a path (a "
                                      "password for KEYFILE_PASSWORD) or None.")
         files[key] = item
     flags = {}
@@ -306,12 +321,25 @@ def _fallbacks(raw: dict, where: str) -> tuple[str, ...]:
         value, name = getattr(settings, "SECRET_KEY_FALLBACKS", ()), "SECRET_KEY_FALLBACKS"
     if value is None:
         return ()
-    if not isinstance(value, list | tuple) or not all(
-            isinstance(key, str) and key for key in value):
+    # What is wrong is said without the value: a fallback still verifies signatures, so
+    # printing it (check() messages land in deploy and CI logs) would hand out a key.
+    if not isinstance(value, list | tuple):
+        wrong = f"is {_kind(value)}, not a list"
+    else:
+        bad = [i for i, key in enumerate(value) if not isinstance(key, str) or not key]
+        wrong = f"entry {bad[0]} is {_kind(value[bad[0]])}" if bad else None
+    if wrong:
         raise ConfigurationError(
-            f"{name} is {value!r}; give a list of the previous keys (non-empty strings), "
+            f"{name} {wrong}; give a list of the previous keys (non-empty strings), "
             "newest first, or [].")
     return tuple(value)
+
+
+def _kind(value) -> str:
+    """A setting's value described without showing it (for secrets)."""
+    if isinstance(value, str) and not value:
+        return "an empty string"
+    return f"of type {type(value).__name__}"
 
 
 def _positive(value, where, key):

@@ -239,6 +239,41 @@ def test_options_keep_their_secrets_out_of_repr():
     assert not any(secret in text for secret in ("s3cret", "sk-XYZ", "sk-OLD", "kp-SECRET"))
 
 
+@pytest.mark.parametrize("options, match", [
+    ({"SIGNING_KEY_FALLBACKS": "sk-OLD"}, r"is of type str, not a list"),
+    ({"SIGNING_KEY_FALLBACKS": ["sk-OLD", ""]}, r"FALLBACKS'\] entry 1 is an empty string"),
+    ({"SIGNING_KEY_FALLBACKS": ["sk-OLD", b"sk-BYTES"]}, r"entry 1 is of type bytes"),
+    ({"TLS": {"CERTFILE": "/etc/hostname", "KEYFILE_PASSWORD": b"kp-SECRET"}},
+     r"\['KEYFILE_PASSWORD'\] is of type bytes; give"),
+])
+def test_option_errors_never_show_a_secret(options, match):
+    """check() prints these (zktasks.E001) in deploy and CI logs, and a fallback key
+    still verifies signatures: the message says what is wrong, not the value."""
+    with pytest.raises(ConfigurationError, match=match) as raised:
+        Options.from_params("default", {"OPTIONS": options})
+    assert not any(s in str(raised.value) for s in ("sk-OLD", "sk-BYTES", "kp-SECRET"))
+
+
+def test_secret_key_fallbacks_are_not_shown_either(settings):
+    settings.SECRET_KEY_FALLBACKS = ["OLD-DJANGO-SECRET", ""]  # env("OLD", default="")
+    with pytest.raises(ConfigurationError,
+                       match="SECRET_KEY_FALLBACKS entry 1 is an empty string") as raised:
+        Options.from_params("default", {})
+    assert "OLD-DJANGO-SECRET" not in str(raised.value)
+
+
+def test_the_client_key_holds_no_password():
+    """The registry key of a shared client is a local of the frames that connect, and
+    Django's error pages and error trackers show frame locals: an unreachable ZooKeeper
+    raises through them from a view."""
+    alice = Options.from_params("default", {"OPTIONS": {"AUTH": "alice:s3cret"}})
+    assert "s3cret" not in repr(alice.client_key)
+    assert alice.client_key == Options.from_params(
+        "default", {"OPTIONS": {"AUTH": "alice:s3cret"}}).client_key  # still shared
+    assert alice.client_key != Options.from_params(
+        "default", {"OPTIONS": {"AUTH": "alice:other"}}).client_key
+
+
 def test_tls_options():
     assert Options.from_params("default", {}).tls is None
     assert Options.from_params("default", {"OPTIONS": {"TLS": False}}).tls is None
