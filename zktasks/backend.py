@@ -119,7 +119,8 @@ class ZooKeeperBackend(BaseTaskBackend):
         except ConfigurationError as exc:
             return [checks.Error(str(exc), id="zktasks.E001",
                                  hint="See the TASKS example in zktasks' README.")]
-        bad = sorted(q for q in self.queues if not QUEUE_RE.match(q))
+        bad = sorted((q for q in self.queues if not isinstance(q, str) or not QUEUE_RE.match(q)),
+                     key=repr)
         if bad:
             return [checks.Error(
                 f"TASKS[{self.alias!r}]['QUEUES'] has names that cannot be znode names: "

@@ -123,8 +123,13 @@ class Options:
     @classmethod
     def from_params(cls, alias: str, params: dict) -> "Options":
         """Build options from a TASKS entry, raising ConfigurationError on bad values."""
-        raw = dict(params.get("OPTIONS") or {})
         where = f"TASKS[{alias!r}]['OPTIONS']"
+        raw = params.get("OPTIONS") or {}
+        if not isinstance(raw, dict):
+            raise ConfigurationError(
+                f"{where} is of type {type(raw).__name__}; give a dict, e.g. "
+                "{'HOSTS': 'zk1:2181,zk2:2181,zk3:2181'}.")
+        raw = dict(raw)
         known = {
             "HOSTS", "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "RESULT_TTL", "AUTH",
             "SIGNING_KEY", "SIGNING_KEY_FALLBACKS", "MAX_RECORD_BYTES", "SCHEDULES",

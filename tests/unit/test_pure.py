@@ -463,6 +463,20 @@ def test_system_check_reports_a_non_numeric_max_record_bytes(settings):
     assert "MAX_RECORD_BYTES" in errors[0].msg
 
 
+@pytest.mark.parametrize("params, check_id, says", [
+    ({"QUEUES": ["default", 1]}, "zktasks.E002", "[1]"),
+    ({"OPTIONS": ["HOSTS"]}, "zktasks.E001", "OPTIONS'] is of type list; give a dict"),
+])
+def test_system_check_reports_settings_of_the_wrong_type(settings, params, check_id, says):
+    """Reported as check messages, as Django's own backends do; they raised out of
+    check() (TypeError, ValueError), so manage.py check ended in a traceback."""
+    from django.core import checks
+
+    settings.TASKS = {"default": {"BACKEND": "zktasks.backend.ZooKeeperBackend", **params}}
+    errors = [e for e in checks.run_checks() if e.id.startswith("zktasks")]
+    assert [e.id for e in errors] == [check_id] and says in errors[0].msg
+
+
 def test_seconds_refuse_non_finite_and_absurd_durations():
     import argparse
 
