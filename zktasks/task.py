@@ -10,11 +10,22 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, task_backends
 from django.tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskResult
+from django.tasks.exceptions import TaskResultMismatch
 
 from .exceptions import InvalidTaskError, PayloadVerificationError, SerializationError
 from .tree import MAX_RESULT_TTL
 
 _UNSET = object()
+
+
+def _same_definition(copy, func) -> bool:
+    """Whether `copy` is `func` unpickled by value: the same code, at the same place."""
+    code, own = getattr(copy, "__code__", None), getattr(func, "__code__", None)
+    return (code is not None and own is not None
+            and getattr(copy, "__module__", None) == getattr(func, "__module__", None)
+            and getattr(copy, "__qualname__", None) == getattr(func, "__qualname__", None)
+            and (code.co_filename, code.co_firstlineno, code.co_code)
+            == (own.co_filename, own.co_firstlineno, own.co_code))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,11 +131,21 @@ class ZkTask(Task):
     async def aenqueue(self, *args, **kwargs):
         return _zk_result(await Task.aenqueue(self, *args, **kwargs))
 
+    # Task.get_result() compares functions by identity. A function that travelled by
+    # value (a closure, a task defined in a script's __main__) comes back from the
+    # payload as a copy, so the task's own results were refused (TaskResultMismatch);
+    # the same definition is the same task here.
     def get_result(self, result_id):
-        return _zk_result(Task.get_result(self, result_id))
+        return _zk_result(self._own(self.get_backend().get_result(result_id)))
 
     async def aget_result(self, result_id):
-        return _zk_result(await Task.aget_result(self, result_id))
+        return _zk_result(self._own(await self.get_backend().aget_result(result_id)))
+
+    def _own(self, result):
+        if result.task.func != self.func and not _same_definition(result.task.func, self.func):
+            raise TaskResultMismatch(
+                f"Task does not match (received {result.task.module_path!r})")
+        return result
 
     def submit(self, *args, **kwargs):
         """Queue the task; same as enqueue() (Django's name)."""

@@ -19,6 +19,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
@@ -203,7 +204,20 @@ def test_a_function_not_at_module_level_is_a_valid_task(backend, start_worker):
 
     closure = task(add_offset)
     assert isinstance(closure, Task)
-    assert closure.enqueue(2).wait(timeout=WAIT).return_value == 42
+    result = closure.enqueue(2).wait(timeout=WAIT)
+    assert result.return_value == 42
+    # Its own result, though the function came back from the payload as a copy
+    # (Task.get_result compares functions by identity: TaskResultMismatch).
+    assert closure.get_result(result.id).return_value == 42
+    assert async_to_sync(closure.aget_result)(result.id).return_value == 42
+    with pytest.raises(TaskResultMismatch):
+        std.answer.get_result(result.id)  # another task's result is still refused
+
+    def another(x):
+        return x + offset
+
+    with pytest.raises(TaskResultMismatch):  # the same body, another definition
+        task(another).get_result(result.id)
 
 
 # -- failures ---------------------------------------------------------------------------
