@@ -770,7 +770,8 @@ class ZooKeeperBackend(BaseTaskBackend):
         """
         record = found.record
         failed = record.state == records.FAILED and record.finished_at is not None
-        changes = {"state": records.READY, "finished_at": None, "run_after": None}
+        changes = {"state": records.READY, "finished_at": None, "run_after": None,
+                   "retry_at": None}
         if failed:
             changes["max_attempts"] = record.attempts + 1
         if note is not None:
@@ -1078,8 +1079,8 @@ def _waiting_places(store: Store, record: StatusRecord) -> list[str]:
     node = job_node_name(record.priority, record.id)
     places = [store.layout.job(record.queue, node),
               store.layout.unsharded_job(record.queue, node)]
-    if record.run_after is not None:
-        due_ms = int(record.run_after.timestamp() * 1000)
+    if record.due_at is not None:
+        due_ms = int(record.due_at.timestamp() * 1000)
         name = delayed_node_name(due_ms, record.priority, record.id, record.queue)
         places += [store.layout.delayed_job(name), store.layout.unsharded_delayed_job(name)]
     return places

@@ -262,7 +262,7 @@ class JobRow:
         return cls(
             id=record.id, task=record.task, queue=record.queue, state=record.state,
             priority=record.priority, enqueued_at=record.enqueued_at,
-            run_after=record.run_after, started_at=record.started_at,
+            run_after=record.due_at, started_at=record.started_at,
             finished_at=record.finished_at, attempts=record.attempts,
             worker=record.worker_ids[-1] if record.worker_ids else "",
             error=f"{error.exception_class_path}: {error.message}"[:300] if error else "",
@@ -768,8 +768,8 @@ class Reader:
         if record.state == records.READY:
             candidates.append(("pending", layout.job(record.queue,
                                                      job_node_name(record.priority, record.id))))
-            if record.run_after is not None:
-                due_ms = int(record.run_after.timestamp() * 1000)
+            if record.due_at is not None:
+                due_ms = int(record.due_at.timestamp() * 1000)
                 candidates.append(("delayed", layout.delayed_job(delayed_node_name(
                     due_ms, record.priority, record.id, record.queue))))
         if record.state in (records.READY, records.RUNNING) and record.worker_ids:
@@ -863,6 +863,9 @@ def history(record: StatusRecord) -> list[tuple[datetime | None, str]]:
                        f"enqueued on queue {record.queue!r} with priority {record.priority}"))
     if record.run_after:
         events.append((0, 1, record.run_after, "due (run_after)"))
+    if record.retry_at and record.errors:  # after the attempt whose failure it retries
+        attempt = record.errors[-1].attempt or record.attempts
+        events.append((attempt, 3, record.retry_at, "retry due (backoff)"))
     if record.started_at:
         first = record.worker_ids[0] if record.worker_ids else "?"
         events.append((1, 0, record.started_at, f"attempt 1 started on {first}"))

@@ -93,7 +93,8 @@ class StatusRecord:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     last_attempted_at: datetime | None = None
-    run_after: datetime | None = None
+    run_after: datetime | None = None  # the task's own, as submitted (TaskResult.task)
+    retry_at: datetime | None = None   # when a retry's backoff ends; None: not backing off
     attempts: int = 0
     worker_ids: tuple[str, ...] = ()
     errors: tuple[ErrorRecord, ...] = ()
@@ -114,6 +115,11 @@ class StatusRecord:
     @property
     def is_finished(self) -> bool:
         return self.state in FINISHED
+
+    @property
+    def due_at(self) -> datetime | None:
+        """When a READY job may run: its retry's backoff, else its run_after."""
+        return self.retry_at if self.retry_at is not None else self.run_after
 
     def evolve(self, **changes) -> "StatusRecord":
         return replace(self, **changes)
@@ -157,10 +163,12 @@ class StatusRecord:
             data[key] = _iso(data[key])
         data["worker_ids"] = list(self.worker_ids)
         data["errors"] = [asdict(e) for e in self.errors]
+        # Written only when set, so that records without them stay readable by a release
+        # that predates the field (rolling upgrades; it leaves out keys it does not know).
         if self.result_ttl is None:
-            # Written only when set, so records of tasks without their own TTL stay
-            # readable by a release that predates the field (rolling upgrades).
             del data["result_ttl"]
+        if self.retry_at is None:
+            del data["retry_at"]
         data["v"] = SCHEMA
         return data
 
@@ -201,7 +209,8 @@ class StatusRecord:
 
 
 _STATUS_FIELDS = frozenset(f.name for f in fields(StatusRecord) if f.init)
-_TIME_FIELDS = ("enqueued_at", "started_at", "finished_at", "last_attempted_at", "run_after")
+_TIME_FIELDS = ("enqueued_at", "started_at", "finished_at", "last_attempted_at", "run_after",
+                "retry_at")
 _ERROR_FIELDS = frozenset(f.name for f in fields(ErrorRecord))
 
 

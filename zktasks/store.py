@@ -289,9 +289,11 @@ class Store:
     # -- submit --------------------------------------------------------------------
 
     def waiting_path(self, record: StatusRecord) -> str:
-        """Where a READY job waits: jobs/{queue} when due, delayed/ until its run_after."""
-        if record.run_after is not None and record.run_after > records.now():
-            due_ms = int(record.run_after.timestamp() * 1000)
+        """Where a READY job waits: jobs/{queue} when due, delayed/ until its run_after
+        (or its retry's backoff) has passed."""
+        due = record.due_at
+        if due is not None and due > records.now():
+            due_ms = int(due.timestamp() * 1000)
             return self.layout.delayed_job(
                 delayed_node_name(due_ms, record.priority, record.id, record.queue))
         return self.layout.job(record.queue, job_node_name(record.priority, record.id))

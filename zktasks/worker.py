@@ -1215,7 +1215,8 @@ class Worker:
         limit = self.options.max_record_bytes
         if outcome.retry_delay is not None and running.attempts < running.max_attempts:
             due = now + timedelta(seconds=outcome.retry_delay)
-            return running.evolve(state=records.READY, errors=errors, run_after=due).fit(
+            # retry_at, not run_after: that is the task's own, which TaskResult.task shows.
+            return running.evolve(state=records.READY, errors=errors, retry_at=due).fit(
                 limit), True
         return running.evolve(state=records.FAILED, finished_at=now, errors=errors).fit(
             limit), False

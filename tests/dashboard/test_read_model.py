@@ -120,3 +120,26 @@ def test_attempts_past_the_limit_say_they_were_not_failures_retried():
     assert dashboard.attempts_text(record) == "1 of at most 3"
     past = record.evolve(attempts=3, max_attempts=1)
     assert dashboard.attempts_text(past).startswith("3 (max_attempts 1: the starts past it")
+
+
+def test_history_shows_a_retry_backing_off_after_the_attempt_it_retries():
+    from datetime import timedelta
+
+    t = datetime(2030, 1, 1, tzinfo=UTC)
+    record = StatusRecord(
+        id="0" * 32, task="app.t", backend="default", queue="default", priority=0,
+        state="READY", enqueued_at=t, started_at=t, attempts=1, max_attempts=3,
+        worker_ids=("w1",), retry_at=t + timedelta(seconds=5),
+        errors=(ErrorRecord(exception_class_path="app.Boom", message="", traceback="",
+                            attempt=1, worker_id="w1"),),
+    )
+    assert record.due_at == t + timedelta(seconds=5) and record.run_after is None
+    assert StatusRecord.from_bytes(record.to_bytes()) == record
+    steps = [what for _, what in dashboard.history(record)]
+    assert steps == [
+        "enqueued on queue 'default' with priority 0",
+        "attempt 1 started on w1",
+        "attempt 1 on w1 ended with app.Boom",
+        "retry due (backoff)",
+        "waiting to run",
+    ]

@@ -78,10 +78,15 @@ def test_backoff_waits_in_delayed_then_retries(backend, start_worker, zk_client)
     job = tasks.fails_once_with_backoff.using(backoff=5.0).submit()
     record = wait_for_data(zk_client, backend.store.layout.status(job.id),
                            lambda d: d["state"] == "READY" and d["attempts"] == 1)
-    assert record["run_after"]  # waiting for its backoff
+    assert record["retry_at"]  # waiting for its backoff
     result = job.wait(timeout=60)
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.attempts == 2
+    # The task is still the one submitted: the backoff is not its run_after
+    # (TaskResult.task, and what a TaskContext of the next attempt shows).
+    assert "run_after" not in record or record["run_after"] is None
+    assert result.task.run_after is None
+    assert backend.get_result(job.id).task == job.task
     first_failure = result.errors[0]
     assert first_failure.exception_class_path == "builtins.ConnectionError"
     # Second attempt no earlier than 0.5 × backoff after the first (jitter lower bound).

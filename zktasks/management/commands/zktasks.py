@@ -621,6 +621,7 @@ def _job_data(detail) -> dict:
         "priority": record.priority, "state": record.state, "attempts": record.attempts,
         "max_attempts": record.max_attempts, "worker_ids": list(record.worker_ids),
         "enqueued_at": record.enqueued_at, "run_after": record.run_after,
+        "retry_at": record.retry_at,
         "started_at": record.started_at, "finished_at": record.finished_at,
         "arguments": detail.args, "return_value": detail.return_value,
         "verified": detail.verified, "note": detail.verification_error or detail.result_note,
