@@ -66,6 +66,22 @@ DELAYED_LOAD = 10_000     # due delayed names loaded at once (more once those ar
 DELAYED_GRACE = 60.0     # seconds past its minute before an empty delayed shard is deleted
 
 
+
+def _announce(result) -> None:
+    """task_enqueued for a tick's job, as backend.write() sends it for a submit (Celery
+    beat's publish signals fire in beat's process too). On a thread of its own: a
+    receiver must never hold up the leader's assignments, nor end its term by raising."""
+    from django.tasks import task_backends
+    from django.tasks.signals import task_enqueued
+
+    def send():
+        try:
+            task_enqueued.send(type(task_backends[result.backend]), task_result=result)
+        except Exception:
+            logger.exception("task_enqueued receiver failed job=%s", result.id)
+
+    threading.Thread(target=send, name="zktasks-tick-signal", daemon=True).start()
+
 class LeadershipLost(Exception):
     """Our election znode is gone: stop acting as leader at once."""
 
@@ -121,6 +137,9 @@ class Leader:
         self.suspended = False
         self.fence_lost = False
         self.on_change = None  # optional callback(bool) for logs and tests
+        # Optional callback(record) once this leader has failed a job itself (its workers
+        # kept vanishing): the worker sends task_finished for it.
+        self.on_failed = None
         # What needs re-reading; "*" means everything.
         self._dirty: set[str] = {"*"}
         self._dirty_lock = threading.Lock()
@@ -714,12 +733,13 @@ class Leader:
             return self._set_schedule(path, state, version)
         if latest <= last:
             return True
-        record = self._tick_record(schedule, latest)
+        record, result = self._tick_record(schedule, latest)
         results = self.store.submit_tick(self.fence, record, path, state, version)
         failed = failures(results)
         if not failed:
             logger.info("schedule tick name=%s tick=%s job=%s", schedule.name,
                         latest.isoformat(), record.id)
+            _announce(result)
             return True
         self._raise_if_fence(failed)
         index, error = failed[0]
@@ -770,9 +790,8 @@ class Leader:
         from django.tasks import task_backends
 
         backend = task_backends[self.store.options.alias]
-        record, _ = backend.schedule_job(schedule, job_id=schedule.job_id(tick),
-                                         tick=tick.isoformat())
-        return record
+        return backend.schedule_job(schedule, job_id=schedule.job_id(tick),
+                                    tick=tick.isoformat())
 
     def _read_worker(self, view: WorkerView) -> None:
         path = self.layout.worker(view.worker_id)
@@ -862,6 +881,8 @@ class Leader:
             logger.error("job failed: its workers kept vanishing job=%s from=%s losses=%d "
                          "(retry it once the cause is fixed)", job_id, owner,
                          MAX_WORKER_LOSSES)
+            if self.on_failed:
+                self.on_failed(final)
         else:
             logger.warning("job handed back job=%s from=%s", job_id, owner)
         self.mark(f"q:{queue}")

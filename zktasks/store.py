@@ -1045,9 +1045,9 @@ class Store:
         return self.with_shards(build, waiting)
 
     def requeue(self, fence: str, worker_id: str, job_id: str, queue: str, node: str,
-                status: Versioned | None) -> tuple[list, bool]:
+                status: Versioned | None) -> tuple[list, StatusRecord | None]:
         """Hand a dead worker's job back to pending, noting the lost attempt; return the
-        multi's results and whether the job was failed instead.
+        multi's results and, if the job was failed instead, its FAILED record.
 
         A job that was running when its worker vanished gets a WorkerLost error. After
         MAX_WORKER_LOSSES of those it is failed instead of handed back: a job that kills
@@ -1102,7 +1102,7 @@ class Store:
         if failed and failed[0][0] != 0 and self.forget_bucket_if_gone(index, failed):
             index = self.index_path(lost_record)  # expired or purged meanwhile: remake
             results = self.with_shards(build, waiting)
-        return results, final
+        return results, lost_record if final else None
 
     def delete_shard(self, fence: str, queue: str, shard: str) -> list:
         """Delete an empty shard (fenced); return the failures (NotEmpty, NoNode) if any.

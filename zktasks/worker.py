@@ -458,6 +458,7 @@ class Worker:
         while not stop.is_set() and not self._stopping.is_set():
             self.registered.wait()
             self.leader = Leader(self.store, self.worker_id, stop=stop)
+            self.leader.on_failed = self._leader_failed
             try:
                 self.leader.run()
             except Exception:
@@ -1288,6 +1289,26 @@ class Worker:
             logger.warning("call not loadable in the worker process job=%s; signals skipped",
                            job_id, exc_info=True)
             return None
+
+    def _leader_failed(self, record: StatusRecord) -> None:
+        """task_finished for a job this worker's leader failed itself, its workers having
+        kept vanishing (Store.requeue): no worker records that outcome, so none sent it.
+        On a thread of its own, so that loading the call and the receivers never hold up
+        the leader's assignments."""
+        def send():
+            call = None
+            if self._wants(task_finished):
+                try:
+                    blob = envelope.open_envelope(record.payload, job_id=record.id,
+                                                  kind=envelope.PAYLOAD,
+                                                  keys=self.options.verify_keys)
+                except PayloadVerificationError:
+                    blob = None  # never loaded unverified; Django's log line still goes
+                if blob is not None:
+                    call = self._load(blob, record.id)
+            self._send(task_finished, record, call)
+
+        threading.Thread(target=send, name="zktasks-failed-job-signal", daemon=True).start()
 
     def _send(self, signal, record: StatusRecord, call) -> None:
         """Send a django.tasks signal after the state it reports was recorded."""

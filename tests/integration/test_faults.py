@@ -2,6 +2,7 @@
 
 import json
 import logging
+import queue
 import threading
 
 import pytest
@@ -454,17 +455,36 @@ def test_a_cancel_its_dead_worker_never_acted_on_still_holds(backend, start_work
 
 def test_job_that_keeps_losing_its_workers_is_failed_not_rerun(backend, start_worker,
                                                                  zk_client, caplog):
-    leader = start_worker(name="leader", queues=["other"])
-    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 60, "a leader")
-    job = tasks.add.using(unique_key="poison").submit(1, 1)
-    _ghost_takes_and_dies(backend, zk_client, job, seed_losses=2)  # the third loss
-    result = job.wait(timeout=30)
-    assert result.status == "FAILED"
-    assert len(result.errors) == 3
-    assert "3 lost workers" in result.errors[-1].traceback
-    assert pending_nodes(zk_client, backend.store.layout) == []
-    assert zk_client.get_children(backend.store.layout.unique) == []  # key freed
-    assert backend.store.recent_finished(5) == [job.id]
-    wait_until(lambda: f"its workers kept vanishing job={job.id}" in caplog.text, 60,
-               "the failure to be logged")
-    assert "job handed back" not in caplog.text
+    """Failed by the leader itself, so no worker records the outcome: the leader's
+    process sends task_finished for it (and Django's ERROR line), once."""
+    finished = queue.Queue()
+
+    def receiver(sender, task_result, **kwargs):
+        finished.put(task_result)
+
+    task_finished.connect(receiver, weak=False)
+    try:
+        leader = start_worker(name="leader", queues=["other"])
+        wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 60,
+                   "a leader")
+        job = tasks.add.using(unique_key="poison").submit(1, 1)
+        _ghost_takes_and_dies(backend, zk_client, job, seed_losses=2)  # the third loss
+        result = job.wait(timeout=30)
+        assert result.status == "FAILED"
+        assert len(result.errors) == 3
+        assert "3 lost workers" in result.errors[-1].traceback
+        assert pending_nodes(zk_client, backend.store.layout) == []
+        assert zk_client.get_children(backend.store.layout.unique) == []  # key freed
+        assert backend.store.recent_finished(5) == [job.id]
+        wait_until(lambda: f"its workers kept vanishing job={job.id}" in caplog.text, 60,
+                   "the failure to be logged")
+        assert "job handed back" not in caplog.text
+        sent = finished.get(timeout=60)
+        assert (sent.id, sent.status, sent.args) == (job.id, "FAILED", [1, 1])
+        assert sent.errors[-1].exception_class_path == "zktasks.exceptions.WorkerLost"
+        assert finished.empty()
+        assert any(r.name == "django.tasks" and r.levelno == logging.ERROR
+                   and f"Task id={job.id} path=tests.tasks.add state=FAILED" in r.getMessage()
+                   for r in caplog.records)  # Django's own receiver's line
+    finally:
+        task_finished.disconnect(receiver)

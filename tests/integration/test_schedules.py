@@ -1,6 +1,7 @@
 """Periodic schedules on a real ZooKeeper: one job per tick, across leader changes."""
 
 import pytest
+from django.tasks.signals import task_enqueued
 
 from tests.conftest import use_zookeeper, zk_tasks_setting
 from tests.waiting import wait_until
@@ -30,15 +31,29 @@ def finished_ticks(zk_client, backend):
 
 
 def test_schedule_runs_one_job_per_tick(backend, start_worker, zk_client):
-    start_worker()
-    wait_until(lambda: len(finished_ticks(zk_client, backend)) >= 3, 30, "three ticks")
-    jobs = tick_jobs(zk_client, backend)
-    ticks = [r.extra["tick"] for r in jobs]
-    assert len(ticks) == len(set(ticks))  # never twice for one tick
-    assert all(r.attempts <= 1 for r in jobs)
-    done = [r for r in jobs if r.is_finished]
-    assert all(r.state == "SUCCESSFUL" for r in done)
-    assert backend.get_result(done[0].id).return_value == 5
+    enqueued = {}
+
+    def receiver(sender, task_result, **kwargs):
+        enqueued[task_result.id] = (sender, task_result.task.module_path, task_result.args)
+
+    # task_enqueued for each tick's job, sent where it was submitted (the leader's
+    # process), as for a submit: it was never sent for ticks.
+    task_enqueued.connect(receiver, weak=False)
+    try:
+        start_worker()
+        wait_until(lambda: len(finished_ticks(zk_client, backend)) >= 3, 30, "three ticks")
+        jobs = tick_jobs(zk_client, backend)
+        ticks = [r.extra["tick"] for r in jobs]
+        assert len(ticks) == len(set(ticks))  # never twice for one tick
+        assert all(r.attempts <= 1 for r in jobs)
+        done = [r for r in jobs if r.is_finished]
+        assert all(r.state == "SUCCESSFUL" for r in done)
+        assert backend.get_result(done[0].id).return_value == 5
+        wait_until(lambda: {r.id for r in done} <= set(enqueued), 30,
+                   "each tick's job to be announced")
+        assert enqueued[done[0].id] == (type(backend), "tests.tasks.add", [2, 3])
+    finally:
+        task_enqueued.disconnect(receiver)
 
 
 def test_schedule_survives_a_leader_change_without_doubling(backend, start_worker, zk_client):
