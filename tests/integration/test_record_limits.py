@@ -157,7 +157,7 @@ def test_an_infinite_retry_delay_is_capped_and_the_job_runs_once(
 
     wait_until(waiting, 30, "the job back in READY after its first attempt")
     record = backend.store.read_status(result.id).record
-    ahead = (record.run_after - record.last_attempted_at).total_seconds()
+    ahead = (record.retry_at - record.last_attempted_at).total_seconds()
     assert MAX_RETRY_DELAY - 60 <= ahead <= MAX_RETRY_DELAY + 60
     assert backend.store.client.exists(backend.store.waiting_path(record)) is not None
     assert marker.read_text() == "ran\n"
