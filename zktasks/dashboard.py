@@ -248,7 +248,7 @@ class JobRow:
     state: str = ""
     priority: int | None = None
     enqueued_at: datetime | None = None
-    run_after: datetime | None = None
+    due_at: datetime | None = None  # a READY job's run_after, or its retry's backoff
     started_at: datetime | None = None
     finished_at: datetime | None = None
     attempts: int = 0
@@ -262,7 +262,7 @@ class JobRow:
         return cls(
             id=record.id, task=record.task, queue=record.queue, state=record.state,
             priority=record.priority, enqueued_at=record.enqueued_at,
-            run_after=record.due_at, started_at=record.started_at,
+            due_at=record.due_at, started_at=record.started_at,
             finished_at=record.finished_at, attempts=record.attempts,
             worker=record.worker_ids[-1] if record.worker_ids else "",
             error=f"{error.exception_class_path}: {error.message}"[:300] if error else "",
@@ -411,7 +411,7 @@ class Reader:
             if schedule is not None and not paused:
                 next_tick = schedule.next_tick(last if last is not None else now)
                 overdue = next_tick < now - SCHEDULE_GRACE
-            error_at = _time(state["error_at"]) if state.get("error") else None
+            error_at = _time(state.get("error_at")) if state.get("error") else None
             rows.append(ScheduleRow(
                 name=name, configured=schedule is not None,
                 task=schedule.task if schedule else "",
@@ -553,7 +553,7 @@ class Reader:
                 rows.append(JobRow.from_record(record, note=name))
             else:
                 rows.append(JobRow(id=job_id, queue=q, priority=priority,
-                                   run_after=ms_to_datetime(due_ms), note=name, state="?",
+                                   due_at=ms_to_datetime(due_ms), note=name, state="?",
                                    error=_missing(record)))
         if stopped:
             # The page shows what matched, and the next one goes on after the last name
@@ -863,9 +863,9 @@ def history(record: StatusRecord) -> list[tuple[datetime | None, str]]:
                        f"enqueued on queue {record.queue!r} with priority {record.priority}"))
     if record.run_after:
         events.append((0, 1, record.run_after, "due (run_after)"))
-    if record.retry_at and record.errors:  # after the attempt whose failure it retries
-        attempt = record.errors[-1].attempt or record.attempts
-        events.append((attempt, 3, record.retry_at, "retry due (backoff)"))
+    if record.retry_at and record.state == records.READY:  # backing off now (a start
+        # clears it): after the attempt whose failure it retries
+        events.append((record.attempts, 3, record.retry_at, "retry due (backoff)"))
     if record.started_at:
         first = record.worker_ids[0] if record.worker_ids else "?"
         events.append((1, 0, record.started_at, f"attempt 1 started on {first}"))

@@ -107,7 +107,8 @@ def decode(name: str, raw: bytes | None, version: int = -1) -> DeadLetter:
             size=int(data.get("size", 0)), truncated=bool(data.get("truncated")),
             data=base64.b64decode(str(data.get("data", "")), validate=True),
         )
-    except (ValueError, TypeError, binascii.Error, RecursionError) as exc:
+    except (ValueError, TypeError, OverflowError, binascii.Error, RecursionError) as exc:
+        # OverflowError: a "size" of 1e400 (int(inf)); garbage like any other
         at_ms = parse_dead_letter_name(name)
         return DeadLetter(
             name=name, version=version, size=len(raw or b""), data=raw or b"",
@@ -174,7 +175,8 @@ def listing(store: Store, limit: int = 50, *, after: str | None = None,
     Reads are pipelined (async gets), so a page costs one round trip, not one per entry.
     """
     chosen = [n for n in names(store) if after is None or n < after]
-    chosen = chosen[:max(0, min(limit, LIST_LIMIT))]
+    # One over LIST_LIMIT: a full page asks for one more to know whether there is more.
+    chosen = chosen[:max(0, min(limit, LIST_LIMIT + 1))]
     requests = [(n, store.client.get_async(store.layout.dead_letter(n))) for n in chosen]
     out = []
     for name, request in requests:

@@ -445,8 +445,12 @@ class DashboardViews:
                 else:
                     from .backend import purge_before_ms
 
-                    estimate = dashboard.live_state(backend).bucket_counts(
-                        purge_before_ms(age), states)
+                    live = dashboard.live_state(backend)
+                    # A process that has served no page yet has read nothing: its
+                    # estimate was 0. snapshot() waits for a first read then (bounded
+                    # as the web's other calls are).
+                    live.snapshot(wait=backend.conf.connect_timeout)
+                    estimate = live.bucket_counts(purge_before_ms(age), states)
             except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
                 return self.unavailable(request, exc, title, "results")
             if confirmed:

@@ -992,6 +992,7 @@ class Worker:
             state=records.RUNNING, attempts=record.attempts + 1,
             worker_ids=record.worker_ids + (worker_id,),
             started_at=record.started_at or now, last_attempted_at=now,
+            retry_at=None,  # its backoff is over; a job handed back later is due at once
         )
         running_bytes = running.to_bytes()
         # Recorded (fenced by our assignment) before the job runs, in a multi shared with

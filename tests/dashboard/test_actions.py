@@ -138,6 +138,21 @@ def test_purge_finished_results_after_a_confirmation(admin_client, backend, star
     assert entry.action_flag == DELETION and "3 finished results" in entry.object_repr
 
 
+def test_the_purge_estimate_of_a_process_that_served_no_page_yet(admin_client, backend,
+                                                                start_worker):
+    """A web server's other process (gunicorn's workers) may get the review first: its
+    live cache had read nothing, and the estimate said 0 of 3."""
+    from zktasks import dashboard
+
+    start_worker()
+    for job in [tasks.add.submit(i, 1) for i in range(3)]:
+        job.wait(timeout=30)
+    dashboard.reset_live_states()  # as in a process that has served no page
+    review = admin_client.post(url("zktasks_purge"), {"states": ["SUCCESSFUL"],
+                                                      "older_than": ""})
+    assert 'id="zk-estimate">3<' in review.content.decode()
+
+
 def test_purge_by_age_keeps_recent_results(admin_client, backend, start_worker):
     start_worker()
     job = tasks.add.submit(1, 1)

@@ -37,7 +37,11 @@ def test_a_noted_error_and_state_left_behind_are_shown_escaped(
              "error_at": "2026-01-02T03:00:05+00:00"}
     zk_client.create(layout.schedule("nightly"), json.dumps(state).encode(), makepath=True)
     zk_client.create(layout.schedule("retired"), b"not json")
+    # An error without its time (a hand edit): the page showed a 500 (KeyError).
+    zk_client.create(layout.schedule("edited"), json.dumps({
+        "last_tick": "2026-01-01T03:00:00+00:00", "error": "noted by hand"}).encode())
     html = text(admin_client.get(url("zktasks_schedules")))
+    assert "noted by hand" in html
     assert HOSTILE not in html and "&lt;script&gt;alert(&#x27;tick&#x27;)&lt;/script&gt;" in html
     assert "cron 0 3 * * * (UTC)" in html and "overdue" in html  # months without a tick
     assert 'id="zk-schedule-retired"' in html and "its state cannot be read" in html

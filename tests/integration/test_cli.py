@@ -224,20 +224,29 @@ def test_cancel_pending_beside_running_workers_cancels_or_runs_each_job_once(
     assert all(j.errors == [] for j in ran)
 
 
+class _Terminal(io.StringIO):
+    """What the user types at a terminal: stdin that is a tty."""
+
+    def isatty(self):
+        return True
+
+
 def test_purge_at_a_terminal_asks_and_takes_no_for_an_answer(backend, start_worker,
-                                                             monkeypatch):
+                                                             monkeypatch, capsys):
     start_worker()
     ok = tasks.add.submit(1, 2)
     ok.wait(timeout=30)
-    answers = iter(["no", "yes"])
-    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
-    monkeypatch.setattr("builtins.input", lambda prompt: next(answers))
+    monkeypatch.setattr("sys.stdin", _Terminal("no\n"))
     with pytest.raises(CommandError, match="Nothing deleted"):
         zktasks("purge")
     assert backend.store.read_status(ok.id) is not None
-    out = zktasks("purge")
-    assert "This deletes about 1 SUCCESSFUL and FAILED results" in out
-    assert "Purged 1 SUCCESSFUL and FAILED results" in out
+    monkeypatch.setattr("sys.stdin", _Terminal("yes\n"))
+    # The question goes to stderr: with --json, stdout is the JSON alone (| jq).
+    out = zktasks("purge", "--json")
+    assert json.loads(out)["purged"] == 1
+    asked = capsys.readouterr().err
+    assert "This deletes about 1 SUCCESSFUL and FAILED results" in asked
+    assert "Type 'yes' to go ahead" in asked
     assert backend.store.read_status(ok.id) is None
 
 
@@ -264,6 +273,9 @@ def test_dead_letters_page_past_one_listing(backend, zk_client):
                      reverse=True)  # newest first
     first = zktasks("dead-letters", "--limit", "2")
     assert f"more: add --after {planted[1]}" in first
+    # Exactly --limit left: no "more" that leads to nothing.
+    last = zktasks("dead-letters", "--limit", "1", "--after", planted[1])
+    assert planted[2] in last and "more:" not in last and "(the first" not in last
     rest = json.loads(zktasks("dead-letters", "--after", planted[1], "--json"))
     assert [e["name"] for e in rest] == planted[2:]
     with pytest.raises(CommandError, match="must be at most 200"):
@@ -535,7 +547,7 @@ def test_delayed_lists_waiting_jobs_the_first_due_first(backend):
 
     page = json.loads(zktasks("delayed", "--limit", "2", "--json"))
     assert page["total"] == 3 and [r["id"] for r in page["rows"]] == [sooner.id, later.id]
-    assert page["rows"][0]["run_after"]
+    assert page["rows"][0]["due_at"]
     rest = json.loads(zktasks("delayed", "--after", page["next_cursor"], "--json"))
     assert [r["id"] for r in rest["rows"]] == [mail.id] and rest["next_cursor"] is None
     assert [r["id"] for r in json.loads(zktasks("delayed", "emails", "--json"))["rows"]] \

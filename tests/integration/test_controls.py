@@ -87,6 +87,8 @@ def test_backoff_waits_in_delayed_then_retries(backend, start_worker, zk_client)
     assert "run_after" not in record or record["run_after"] is None
     assert result.task.run_after is None
     assert backend.get_result(job.id).task == job.task
+    # Cleared by the start that ended the backoff: a later hand-back is due at once.
+    assert backend.store.read_status(job.id).record.retry_at is None
     first_failure = result.errors[0]
     assert first_failure.exception_class_path == "builtins.ConnectionError"
     # Second attempt no earlier than 0.5 × backoff after the first (jitter lower bound).

@@ -589,3 +589,13 @@ def test_a_drain_signal_is_acted_on_even_when_its_line_cannot_be_written():
         for signum, previous in saved.items():
             signal.signal(signum, previous)
     assert worker.stops == [True, False]  # drain, then stop at once
+
+
+@pytest.mark.parametrize("raw", [b'{"size": 1e400}', b"[1]", b"\xff"])
+def test_a_dead_letter_that_is_itself_garbage_is_read_as_such(raw):
+    """decode() is what the listing, the dashboard and the CLI read entries with: a
+    "size" of 1e400 raised OverflowError out of it (a traceback, a 500)."""
+    from zktasks import deadletter
+
+    letter = deadletter.decode("0000000000001-junk", raw)
+    assert letter.unreadable

@@ -281,7 +281,7 @@ class Command(BaseCommand):
         self.root_exists(reader.client, backend)
         page = reader.delayed(queue, after=options["after"], limit=options["limit"])
         self.emit_page(page, "delayed" + (f" in {queue!r}" if queue else ""),
-                       when="run_after", filtered=bool(page.scanned))
+                       when="due_at", filtered=bool(page.scanned))
 
     def do_schedules(self, backend, options) -> None:
         reader = self.reader(backend)
@@ -348,7 +348,7 @@ class Command(BaseCommand):
             f" of {page.total:,}" if page.total is not None else "")
         lines = [head] + _table(
             ["JOB", "STATE", "TASK", "QUEUE",
-             "DUE" if when == "run_after" else when.split("_")[0].upper(), "ATTEMPTS", "ERROR"],
+             when.split("_")[0].upper(), "ATTEMPTS", "ERROR"],
             [[r["id"], r["state"], r["task"] or "-", r["queue"] or "-", _when(r[when]),
               r["attempts"], (r["error"] or "")[:60]] for r in rows])
         if page.next_cursor:
@@ -394,11 +394,7 @@ class Command(BaseCommand):
             total = self.reader(backend).pending(queue, limit=1).total or 0
             prompt = (f"This cancels about {total:,} job(s) waiting in queue {queue!r}: "
                       "they will never run.")
-            if not sys.stdin.isatty():
-                raise CommandError(f"{prompt} Add --yes to go ahead.")
-            self.stdout.write(prompt)
-            if input("Type 'yes' to go ahead: ").strip().lower() != "yes":
-                raise CommandError("Nothing cancelled.")
+            _confirm(prompt, "Nothing cancelled.")
         quiet = options["json"] or options["verbosity"] < 1
 
         def progress(count):
@@ -419,11 +415,7 @@ class Command(BaseCommand):
             estimate = self.live(backend)[0].bucket_counts(purge_before_ms(older_than),
                                                             states)
             prompt = f"This deletes about {estimate:,} {what}, for good."
-            if not sys.stdin.isatty():
-                raise CommandError(f"{prompt} Add --yes to go ahead.")
-            self.stdout.write(prompt)
-            if input("Type 'yes' to go ahead: ").strip().lower() != "yes":
-                raise CommandError("Nothing deleted.")
+            _confirm(prompt, "Nothing deleted.")
         count = backend.purge(states=states, older_than=older_than)
         self.emit({"purged": count, "states": states, "older_than": age},
                   f"Purged {count:,} {what}.")
@@ -439,17 +431,19 @@ class Command(BaseCommand):
 
     def do_dead_letters(self, backend, options) -> None:
         self.root_exists(self.connect(backend), backend)
-        letters = backend.dead_letters(options["limit"], after=options["after"])
+        # One more than shown, as the dashboard asks: whether there is more is then
+        # known, not guessed from a full page (which said "more" for exactly --limit).
+        letters = backend.dead_letters(options["limit"] + 1, after=options["after"])
+        more = len(letters) > options["limit"]
         rows = [{"name": e.name, "at": e.at, "kind": e.kind, "job_id": e.job_id,
                  "by": e.by, "reason": e.reason or e.unreadable, "size": e.size}
-                for e in letters]
+                for e in letters[:options["limit"]]]
         lines = [f"{len(rows)} dead letter(s), newest first"
-                 + (f" (the first {options['limit']})" if len(rows) == options["limit"]
-                    else "")]
+                 + (f" (the first {options['limit']})" if more else "")]
         lines += _table(["ENTRY", "AT", "KIND", "JOB", "REASON"], [
             [r["name"], _when(r["at"]), r["kind"], r["job_id"] or "-",
              deadletter.one_line(r["reason"], 80)] for r in rows])
-        if len(rows) == options["limit"]:
+        if more:
             lines.append(f"more: add --after {rows[-1]['name']}")
         if rows:
             lines.append("Act on one with: manage.py zktasks requeue ENTRY, or discard ENTRY.")
@@ -612,6 +606,18 @@ def _status_text(data: dict, conf) -> str:
              f"{f['error'].rsplit('.', 1)[-1]}: {f['message']}"[:100]]
             for f in data["recent_failures"][:10]])
     return "\n".join(lines)
+
+
+def _confirm(prompt: str, refused: str) -> None:
+    """Ask on the terminal before a bulk change. The question goes to stderr, not
+    stdout: with --json, stdout is the JSON alone (input() wrote its prompt there when
+    stdout was a pipe, so `| jq` got text before the JSON, and the user no prompt)."""
+    if not sys.stdin.isatty():
+        raise CommandError(f"{prompt} Add --yes to go ahead.")
+    sys.stderr.write(f"{prompt}\nType 'yes' to go ahead: ")
+    sys.stderr.flush()
+    if sys.stdin.readline().strip().lower() != "yes":
+        raise CommandError(refused)
 
 
 def _job_data(detail) -> dict:
