@@ -277,10 +277,40 @@ class ZooKeeperBackend(BaseTaskBackend):
                 exc.add_note(f"submit_many() item {number}; nothing was written.")
                 raise
         refuse_sync_signal_in_a_loop(self, "submit_many()")
-        self.store.submit_many(record for record, _ in prepared)
+        store = self.store
+        done = 0
+
+        def written(count):
+            nonlocal done
+            done += count
+
+        try:
+            # Each multi bounded by CONNECT_TIMEOUT, as submit() is: in an outage the
+            # call fails instead of waiting in kazoo's queue for ZooKeeper to return.
+            store.submit_many((record for record, _ in prepared),
+                              around_chunk=store.bounded, written=written)
+        except ZooKeeperUnavailableError as exc:
+            raise self._submitted_in_part(prepared, done, exc) from exc
         for _, result in prepared:
             task_enqueued.send(type(self), task_result=result)
         return [result for _, result in prepared]
+
+    def _submitted_in_part(self, prepared, done: int, exc) -> ZooKeeperUnavailableError:
+        """The error of a submit_many() that stopped after `done` jobs were written: it
+        says which were written (announced, on the error as `submitted`) and which are
+        unknown (`not_known`), so that a caller submits again only what is missing."""
+        landed = [result for _, result in prepared[:done]]
+        for result in landed:
+            task_enqueued.send(type(self), task_result=result)
+        error = ZooKeeperUnavailableError(
+            f"submit_many() stopped after writing {done:,} of {len(prepared):,} jobs: {exc} "
+            "The first ones are written (the error's `submitted` results). The next batch "
+            "may or may not have been written, the rest were not (the error's `not_known` "
+            "results): check those with get_result(id) before submitting them again, or "
+            "that batch would run twice.")
+        error.submitted = landed
+        error.not_known = [result for _, result in prepared[done:]]
+        return error
 
     def prepare(self, task, args, kwargs, *, job_id: str | None = None):
         """Validate and serialize a submission; raise on bad input; write nothing."""
@@ -770,8 +800,9 @@ class ZooKeeperBackend(BaseTaskBackend):
         """
         record = found.record
         failed = record.state == records.FAILED and record.finished_at is not None
-        changes = {"state": records.READY, "finished_at": None, "run_after": None,
-                   "retry_at": None}
+        # run_after stays: it is the task's own (result.task), and a job re-queued before
+        # it is due waits for it again; a failed job's is past anyway.
+        changes = {"state": records.READY, "finished_at": None, "retry_at": None}
         if failed:
             changes["max_attempts"] = record.attempts + 1
         if note is not None:

@@ -12,7 +12,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from kazoo.exceptions import (
@@ -408,8 +408,13 @@ class Store:
             "enqueued_at": record.enqueued_at.isoformat() if record.enqueued_at else None,
         })
 
-    def submit_many(self, batch: Iterable[StatusRecord]) -> int:
+    def submit_many(self, batch: Iterable[StatusRecord], *, around_chunk=None,
+                    written=None) -> int:
         """Create many jobs in batched multis; return how many multis were sent.
+
+        `around_chunk()`, if given, is a context manager entered around each multi (the
+        web's bound: Store.bounded; one for the whole call would cut a million-job call
+        short), and `written(n)` is called after each multi of n jobs landed.
 
         Each multi creates whole jobs (status record + waiting node), so a crash between
         multis leaves some jobs submitted and the others not, never half a job. Multis
@@ -437,9 +442,14 @@ class Store:
         chunks = [c for c in chunks if c]
         if not chunks:
             return 0
-        self.ensure_skeleton()
+        around = around_chunk or nullcontext
+        with around():
+            self.ensure_skeleton()
         for chunk in chunks:
-            self._submit_chunk(chunk)
+            with around():
+                self._submit_chunk(chunk)
+            if written is not None:
+                written(len(chunk))
         return len(chunks)
 
     def _submit_chunk(self, chunk) -> None:
@@ -763,14 +773,19 @@ class Store:
 
     def find_index_entry(self, record: StatusRecord) -> str | None:
         """Where a finished record's index entry is: in its bucket's second, or directly
-        in the bucket (entries written before seconds); None if neither holds it."""
+        in the bucket (entries written before seconds), named with its queue or, as
+        before the queue was in the name, without; None if none holds it.
+
+        A retry() that missed an older entry left it behind, and the sweep that expired
+        it later deleted the status record of the job running again."""
         finished_ms = int(record.finished_at.timestamp() * 1000)
         entry = finished_entry(record.id, record.state, record.queue)
-        for leaf in (finished_leaf(finished_ms, record.result_ttl),
-                     finished_bucket(finished_ms, record.result_ttl)):
-            path = self.layout.finished_entry(leaf, entry)
-            if self.retry(self.client.exists, path) is not None:
-                return path
+        for name in (entry, ".".join(entry.split(".", 2)[:2])):
+            for leaf in (finished_leaf(finished_ms, record.result_ttl),
+                         finished_bucket(finished_ms, record.result_ttl)):
+                path = self.layout.finished_entry(leaf, name)
+                if self.retry(self.client.exists, path) is not None:
+                    return path
         return None
 
     def forget_bucket_if_gone(self, index: str | None, failed) -> bool:

@@ -176,6 +176,27 @@ def test_a_retried_cancelled_job_runs_again(backend, start_worker, zk_client, tm
     assert steps[steps.index(first) + 1] == "retried"  # told in order, with the retry
 
 
+def test_retry_removes_an_index_entry_named_as_before_queues(backend, start_worker,
+                                                            zk_client):
+    """A job failed under a release that named index entries {id}.F (no queue), the
+    name the sweeps still read: retry() missed it, and the purge after deleted the
+    status record of the job it had sent back (no record: JobNotFound)."""
+    worker = start_worker()
+    job = tasks.boom.submit("x")
+    assert job.wait(timeout=30).status == TaskResultStatus.FAILED
+    worker.stop(graceful=False)
+    assert worker.wait_stopped(30)
+    store = backend.store
+    entry = store.find_index_entry(store.read_status(job.id).record)
+    older = entry.rsplit(".", 1)[0]  # {id}.F
+    zk_client.create(older, b"")
+    zk_client.delete(entry)
+    assert backend.retry(job.id) is True
+    assert not zk_client.exists(older)
+    backend.purge()
+    assert backend.get_result(job.id).status == TaskResultStatus.READY  # still there
+
+
 def test_waiting_inside_a_task_is_warned_about(backend, start_worker, caplog):
     from zktasks import backend as backend_module
 

@@ -254,3 +254,59 @@ def test_pipelined_block_names_the_jobs_it_could_not_confirm(settings, own_serve
         for result in results:
             if result.id not in named:
                 assert backend.store.read_status(result.id) is not None
+
+
+def test_submit_many_gives_up_per_batch_and_says_what_was_written(
+        settings, zk_settings, own_server, zk_root, monkeypatch):
+    """submit_many() waited in kazoo's queue for as long as ZooKeeper was away, where
+    submit() gives up after CONNECT_TIMEOUT. Each multi is bounded now, and the error
+    says which jobs were written: here the server stops once the first batch landed."""
+    from django.tasks import task_backends
+
+    from tests.conftest import zk_tasks_setting
+    from zktasks.exceptions import JobNotFound, ZooKeeperUnavailableError
+    from zktasks.store import BULK_JOBS, Store
+
+    settings.TASKS = zk_tasks_setting(own_server.hosts, zk_root, CONNECT_TIMEOUT=1.0,
+                                      SESSION_TIMEOUT=30.0)
+    backend = task_backends["default"]
+    assert tasks.add.submit(0, 0).id  # connected, skeleton made
+    unbounded = Store.submit_many
+    batches = []
+
+    def the_server_stops_after_the_first_batch(self, batch, *, around_chunk=None,
+                                               written=None):
+        def landed(count):
+            written(count)
+            batches.append(count)
+            if own_server.is_running:
+                own_server.stop()
+
+        return unbounded(self, batch, around_chunk=around_chunk, written=landed)
+
+    monkeypatch.setattr(Store, "submit_many", the_server_stops_after_the_first_batch)
+    calls = [((n, 1), {}) for n in range(2 * BULK_JOBS + 10)]  # three batches at least
+    outcome = {}
+
+    def submit_many():
+        try:
+            outcome["results"] = tasks.add.submit_many(calls)
+        except Exception as exc:  # looked at below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=submit_many)
+    thread.start()
+    thread.join(60)  # CONNECT_TIMEOUT is 1 s: the call ends in seconds
+    assert not thread.is_alive(), "submit_many() still waits for ZooKeeper"
+    error = outcome["error"]
+    assert isinstance(error, ZooKeeperUnavailableError), error
+    first = batches[0]  # (batches are also bounded by bytes)
+    assert batches == [first] and len(calls) > 2 * first
+    assert f"after writing {first:,} of {len(calls):,} jobs" in str(error)
+    assert len(error.submitted) == first
+    assert len(error.not_known) == len(calls) - first
+    own_server.start()
+    with backend.store.bounded(60.0):
+        assert backend.get_result(error.submitted[-1].id).id == error.submitted[-1].id
+        with pytest.raises(JobNotFound):  # the third batch was never sent
+            backend.get_result(error.not_known[-1].id)

@@ -184,7 +184,9 @@ def test_a_misplaced_delayed_job_is_held_with_its_id_and_can_be_requeued(
     from zktasks.tree import delayed_node_name
 
     layout = backend.store.layout
-    due = timezone.now() + timedelta(seconds=1)
+    # An hour ahead: re-queued, the job goes back to wait for it (it was sent to run at
+    # once, its run_after cleared, by a re-queue that cleared every due time).
+    due = timezone.now() + timedelta(hours=1)
     record, result = backend.prepare(tasks.add.using(run_after=due), (6, 1), {})
     name = delayed_node_name(int(record.run_after.timestamp() * 1000), record.priority,
                              record.id, record.queue)
@@ -204,7 +206,11 @@ def test_a_misplaced_delayed_job_is_held_with_its_id_and_can_be_requeued(
     assert letter.name in {e.name for e in backend.dead_letters(10)}
     assert backend.stranded_job(letter).record.id == record.id
     assert backend.requeue_dead_letter(letter.name) == record.id
-    assert result.wait(timeout=30).return_value == 7
+    back = store.read_status(record.id).record
+    assert back.state == "READY" and back.run_after == record.run_after
+    assert zk_client.exists(store.waiting_path(back))  # in its right place: delayed/
+    assert "/delayed/" in store.waiting_path(back)
+    assert backend.get_result(record.id).task.run_after == due
 
 
 def test_a_registration_that_landed_on_an_expired_session_registers_afresh(
