@@ -288,10 +288,10 @@ class Worker:
     def stop(self, *, graceful: bool = True) -> None:
         """Ask the worker to leave: drain first when graceful, else at once."""
         self._stop_requested.set()
-        if graceful and not self._draining:
-            self._events.put(("drain", None))
-        else:
-            self._events.put(("stop", None))
+        # A drain already under way (asked through ZooKeeper) is not a reason to stop at
+        # once: one SIGTERM then abandoned its running jobs (WorkerLost) and exited 0.
+        # Escalating is the caller's choice (runworker's second signal).
+        self._events.put(("drain", None) if graceful else ("stop", None))
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
@@ -413,13 +413,18 @@ class Worker:
             txn.delete(layout.worker_assignments(worker_id))
 
         try:
-            results = self.store.commit(build, deadline=2.0)
+            # Bounded: with ZooKeeper away this waited for its return, and the worker
+            # with it. Leaving without it is safe: the session's end hands the jobs back.
+            with self.store.bounded(2.0):
+                results = self.store.commit(build, deadline=2.0)
             if failures(results):
                 # Assignments are left (a forced stop): our session's end makes the
                 # leader hand them back.
                 logger.info("worker left with assignments worker=%s", worker_id)
         except Exception:
-            logger.debug("deregistration failed", exc_info=True)
+            logger.info("worker left without deregistering worker=%s (ZooKeeper did not "
+                        "answer): its session's end hands its jobs back", worker_id,
+                        exc_info=logger.isEnabledFor(logging.DEBUG))
 
     @property
     def prefetch(self) -> int:
@@ -567,9 +572,11 @@ class Worker:
             self._handle_state(value)
         elif kind == "assignments" and not self._lost and not self._paused:
             self._read_assignments()
-        elif kind == "own" and not self._lost:
+        # Not while the connection is suspended (kazoo fires watches as it drops): the
+        # CONNECTED that ends it queues both again.
+        elif kind == "own" and not self._lost and not self._paused:
             self._read_own_znode()
-        elif kind == "cancels" and not self._lost:
+        elif kind == "cancels" and not self._lost and not self._paused:
             self._read_cancels()
         elif kind == "prefetch":
             self._advertise_prefetch()
@@ -758,7 +765,9 @@ class Worker:
         """
         layout = self.store.layout
         try:
-            requested = set(self.store.children(layout.cancel, watch=self._on_cancels))
+            # Bounded (see _read_own_znode); ZooKeeperUnavailableError: read again later.
+            with self.store.bounded():
+                requested = set(self.store.children(layout.cancel, watch=self._on_cancels))
         except TRANSIENT:
             return
         self._cancels = frozenset(requested)
@@ -804,11 +813,18 @@ class Worker:
     def _read_own_znode(self) -> None:
         """Follow requests written to our worker znode (the dashboard's "drain")."""
         try:
-            raw, _ = self.client.get(self.store.layout.worker(self.worker_id),
-                                     watch=self._on_own_znode)
+            # Bounded, as the main loop's other calls during a stop or drain: while
+            # ZooKeeper is away a read waited in kazoo's queue for its return, and the
+            # stop or the drain's deadline queued behind it as long (a worker cut off
+            # from ZooKeeper could not be stopped, not even by a second signal).
+            with self.store.bounded():
+                raw, _ = self.store.client.get(self.store.layout.worker(self.worker_id),
+                                               watch=self._on_own_znode)
             data = json.loads(raw)
         except TRANSIENT:
             return  # re-read when the connection is back
+        except ZooKeeperUnavailableError:
+            raise  # read again (the main loop's retry_later)
         except Exception:
             logger.debug("own worker znode unreadable", exc_info=True)
             return
@@ -821,7 +837,8 @@ class Worker:
         self._draining = True
         logger.info("worker draining worker=%s running=%d", self.worker_id, len(self._running))
         try:
-            self.store.update_worker(self.worker_id, mark_draining)
+            with self.store.bounded():  # see _read_own_znode
+                self.store.update_worker(self.worker_id, mark_draining)
         except Exception:
             logger.debug("could not mark draining", exc_info=True)
         if self.leader is not None:
@@ -843,7 +860,8 @@ class Worker:
             txn.delete(layout.assignment(item.worker_id, item.job_id))
 
         try:
-            results = self.store.commit(build, deadline=2.0, waiting=[waiting])
+            with self.store.bounded():  # see _read_own_znode
+                results = self.store.commit(build, deadline=2.0, waiting=[waiting])
             if failures(results):
                 logger.info("hand back refused job=%s: %s", item.job_id, failures(results))
             else:

@@ -261,6 +261,26 @@ def test_second_signal_stops_at_once_and_the_job_runs_again(backend, runworker, 
     assert result.errors[0].exception_class_path == "zktasks.exceptions.WorkerLost"
 
 
+def test_one_signal_during_a_drain_asked_through_zookeeper_still_drains(
+        backend, runworker, zk_client, tmp_path):
+    """Drained from the dashboard (or `zktasks drain`), then one SIGTERM (a deploy): it
+    stopped at once, abandoning its running job (a WorkerLost), and exited 0."""
+    proc, job, release = running_until_released(
+        backend, runworker, zk_client, tmp_path, "finished", name="asked")
+    [worker_id] = zk_client.get_children(backend.store.layout.workers)
+    assert backend.drain_worker(worker_id)
+    wait_until(lambda: "worker draining" in proc.log_path.read_text(), 60,
+               "the worker to follow the drain request")
+    proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "SIGTERM: draining" in proc.log_path.read_text(), 60,
+               "the signal to be taken")
+    release.touch()
+    result = job.wait(timeout=60)
+    assert result.return_value == "finished" and result.attempts == 1
+    assert proc.wait(30) == 0
+    assert "worker stopping now" not in proc.log_path.read_text()
+
+
 def test_running_job_is_cancelled_cooperatively(backend, runworker, zk_client, tmp_path):
     runworker("--concurrency", "1", name="coop")
     wait_registered(zk_client, backend, 1)

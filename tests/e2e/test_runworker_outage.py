@@ -1,0 +1,37 @@
+"""A real `manage.py runworker` cut off from ZooKeeper: it still stops when told to."""
+
+import signal
+
+import pytest
+
+from tests.conftest import use_zookeeper
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def zk_settings(settings, own_server, zk_root, monkeypatch):
+    """Overrides the suite's fixture: the workers here use this test's server."""
+    return use_zookeeper(settings, monkeypatch, own_server.hosts, zk_root)
+
+
+def test_a_worker_cut_off_from_zookeeper_still_stops(zk_settings, own_server, runworker):
+    """kazoo fires a worker's watches as the connection drops; the reads they asked for
+    waited in kazoo's queue for ZooKeeper's return, and the drain and stop queued behind
+    them as long: neither SIGTERM nor a second one stopped it (a supervisor then had to
+    SIGKILL it). Its calls during a stop are bounded now; leaving unregistered is safe,
+    as the session's end hands its jobs back."""
+    proc = runworker("--concurrency", "1", "--drain-timeout", "2", name="cutoff")
+    wait_until(lambda: "worker registered" in proc.log_path.read_text(), 60,
+               "the worker to register")
+    own_server.stop()
+    wait_until(lambda: "connection suspended" in proc.log_path.read_text(), 60,
+               "the worker to see ZooKeeper go")
+    proc.send_signal(signal.SIGTERM)
+    # Its bounds are CONNECT_TIMEOUT (10 s here) per call and 2 s to deregister; before
+    # the fix it waited for ZooKeeper, which never comes back in this test.
+    assert proc.wait(120) == 0, proc.log_path.read_text()[-3000:]
+    log = proc.log_path.read_text()
+    assert "worker stopped" in log
+    assert "left without deregistering" in log
