@@ -264,7 +264,7 @@ def test_submit_many_gives_up_per_batch_and_says_what_was_written(
     from django.tasks import task_backends
 
     from tests.conftest import zk_tasks_setting
-    from zktasks.exceptions import JobNotFound, ZooKeeperUnavailableError
+    from zktasks.exceptions import ZooKeeperUnavailableError
     from zktasks.store import BULK_JOBS, Store
 
     settings.TASKS = zk_tasks_setting(own_server.hosts, zk_root, CONNECT_TIMEOUT=1.0,
@@ -306,7 +306,8 @@ def test_submit_many_gives_up_per_batch_and_says_what_was_written(
     assert len(error.submitted) == first
     assert len(error.not_known) == len(calls) - first
     own_server.start()
-    with backend.store.bounded(60.0):
-        assert backend.get_result(error.submitted[-1].id).id == error.submitted[-1].id
-        with pytest.raises(JobNotFound):  # the third batch was never sent
-            backend.get_result(error.not_known[-1].id)
+    # Read unbounded (the store waits for the reconnection; get_result's own bound is
+    # this test's 1 s CONNECT_TIMEOUT, which a loaded machine's reconnection can pass).
+    store = backend.store
+    assert store.read_status(error.submitted[-1].id).record.id == error.submitted[-1].id
+    assert store.read_status(error.not_known[-1].id) is None  # the third batch: not sent
