@@ -82,6 +82,25 @@ def _announce(result) -> None:
 
     threading.Thread(target=send, name="zktasks-tick-signal", daemon=True).start()
 
+
+def _worker_fields(data) -> tuple[frozenset[str], int, int, bool]:
+    """(queues, concurrency, prefetch, draining) of a worker znode's data; ValueError
+    when it is not what a worker writes."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    queues = data.get("queues") or ()
+    if not isinstance(queues, list | tuple) or not all(isinstance(q, str) for q in queues):
+        raise ValueError(f"its queues are {records.printable(repr(queues))[:80]}")
+
+    def count(key: str, default: int, least: int) -> int:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"its {key} is {records.printable(repr(value))[:40]}")
+        return max(least, value)
+
+    return (frozenset(queues), count("concurrency", 1, 1), count("prefetch", 0, 0),
+            bool(data.get("draining")))
+
 class LeadershipLost(Exception):
     """Our election znode is gone: stop acting as leader at once."""
 
@@ -798,18 +817,19 @@ class Leader:
         try:
             watch = self._watch(f"w:{view.worker_id}")
             raw, _ = self.store.retry(self.client.get, path, watch=watch)
-            data = records.loads(raw, path=path)
+            # Parsed here too: a field of the wrong type ("concurrency": null) raised
+            # past this guard and ended the term, and every next leader's at its first
+            # read of the same znode, so nothing was assigned anywhere.
+            fields = _worker_fields(records.loads(raw, path=path))
         except NoNodeError:
             view.draining = True  # gone; the children watch will drop it
             return
         except Exception as exc:  # garbage in a worker znode: never crash the leader
-            logger.error("unreadable worker znode path=%s error=%s", path, exc)
+            logger.error("unreadable worker znode path=%s error=%s; it gets no jobs",
+                         path, exc)
             view.draining = True
             return
-        view.queues = frozenset(data.get("queues") or ())
-        view.concurrency = max(1, int(data.get("concurrency", 1)))
-        view.prefetch = max(0, int(data.get("prefetch", 0)))
-        view.draining = bool(data.get("draining"))
+        view.queues, view.concurrency, view.prefetch, view.draining = fields
 
     # -- duties --------------------------------------------------------------------------
 

@@ -488,3 +488,23 @@ def test_job_that_keeps_losing_its_workers_is_failed_not_rerun(backend, start_wo
                    for r in caplog.records)  # Django's own receiver's line
     finally:
         task_finished.disconnect(receiver)
+
+
+@pytest.mark.parametrize("data", [
+    {"queues": ["other"], "concurrency": None},
+    {"queues": ["default"], "concurrency": "abc"},
+    {"queues": 5},
+    {"queues": [["a"]], "prefetch": []},
+    ["not", "an", "object"],
+])
+def test_a_worker_znode_with_odd_fields_does_not_stop_assignment(
+        backend, start_worker, zk_client, data):
+    """Parsed outside the leader's guard, a field of the wrong type ended its term, and
+    every next leader's at the same read: nothing was assigned anywhere (an audit saw 48
+    elections in 10 s). Such a worker gets no jobs; the others go on."""
+    worker = start_worker()
+    wait_until(lambda: worker.leader is not None and worker.leader.is_leader, 60, "a leader")
+    zk_client.create(backend.store.layout.worker("ghost"), json.dumps(data).encode(),
+                     ephemeral=True)
+    assert tasks.add.submit(2, 3).wait(timeout=30).return_value == 5
+    assert worker.leader.is_leader
