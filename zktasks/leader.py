@@ -895,6 +895,8 @@ class Leader:
         if failed:
             self._raise_if_fence(failed)
             logger.info("requeue skipped job=%s from=%s reason=%s", job_id, owner, failed)
+            if isinstance(failed[0][1], NotEmptyError):
+                self._clear_under(path)
             self.mark("*")
             return
         if final:
@@ -942,6 +944,21 @@ class Leader:
             logger.info("garbage changed before it was moved aside path=%s error=%r", path,
                         error)
 
+    def _clear_under(self, path: str) -> None:
+        """The delete of `path` in a multi was refused (NotEmpty): what is under it is
+        not zktasks' (a hand-made znode), so it goes to the dead letters and the next try
+        deletes `path`. Without this the leader sent the same refused multi on every
+        pass (hundreds a second), and a pending job that sorted first sank every batch
+        with it: nothing was assigned (found by a leader audit)."""
+        try:
+            children = self.store.retry(self.client.get_children, path)
+        except NoNodeError:
+            return
+        for child in children:
+            self._move_aside(f"{path}/{child}", kind="foreign_name",
+                             reason=f"a znode under {path}, which the leader deletes as "
+                                    "it moves the job on; zktasks makes none there")
+
     def _promote_due(self) -> None:
         """Move delayed jobs whose time has come to their queue, in fenced batches."""
         now_ms = int(time.time() * 1000)
@@ -960,6 +977,8 @@ class Leader:
                 # A queue parent is missing or the entry vanished (cancelled): re-read.
                 name, queue, _ = batch[(failed[0][0] - 1) // 2]
                 logger.warning("promotion refused job=%s error=%r", name, failed[0][1])
+                if isinstance(failed[0][1], NotEmptyError):
+                    self._clear_under(self.layout.delayed_job(name))
                 self.mark("delayed")
                 self.mark("queues")
                 return
@@ -1104,6 +1123,8 @@ class Leader:
         index, error = failed[0]
         queue, node, worker_id = batch[(index - 1) // 2]
         creating = (index - 1) % 2 == 0
+        if not creating and isinstance(error, NotEmptyError):
+            self._clear_under(self.layout.job(queue, node))
         if creating and isinstance(error, NoNodeError) and worker_id in self.workers:
             # The worker's assignments parent is missing: it is leaving or broken.
             logger.error("worker has no assignments znode worker=%s; not assigning to it",

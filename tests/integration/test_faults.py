@@ -508,3 +508,62 @@ def test_a_worker_znode_with_odd_fields_does_not_stop_assignment(
                      ephemeral=True)
     assert tasks.add.submit(2, 3).wait(timeout=30).return_value == 5
     assert worker.leader.is_leader
+
+
+def _stray_child_under(zk_client, path):
+    zk_client.create(path + "/stray", b"hand-made")
+
+
+def test_a_znode_under_a_pending_job_is_moved_aside_and_the_job_assigned(
+        backend, start_worker, zk_client):
+    """The delete of the job's node in the assignment multi met NotEmpty on every try:
+    the first job in priority order sank every batch (nothing was assigned, thousands of
+    refused multis a second)."""
+    layout = backend.store.layout
+    first = tasks.add.using(priority=10).submit(1, 1)
+    [node] = pending_nodes(zk_client, layout)
+    _stray_child_under(zk_client, layout.job("default", node))
+    others = [tasks.add.submit(i, i) for i in range(3)]
+    start_worker()
+    assert first.wait(timeout=30).return_value == 2
+    assert [job.wait(timeout=30).return_value for job in others] == [0, 2, 4]
+    [letter] = backend.dead_letters(10)
+    assert letter.kind == "foreign_name" and letter.path.endswith(f"{node}/stray")
+
+
+def test_a_znode_under_a_delayed_job_is_moved_aside_and_the_job_promoted(
+        backend, start_worker, zk_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.pending import delayed_nodes
+
+    layout = backend.store.layout
+    due = timezone.now() + timedelta(seconds=1)
+    job = tasks.add.using(run_after=due).submit(2, 2)
+    later = tasks.add.using(run_after=due + timedelta(seconds=1)).submit(3, 3)
+    name = min(delayed_nodes(zk_client, layout))
+    _stray_child_under(zk_client, layout.delayed_job(name))
+    start_worker()
+    assert job.wait(timeout=30).return_value == 4
+    assert later.wait(timeout=30).return_value == 6
+    assert [letter.kind for letter in backend.dead_letters(10)] == ["foreign_name"]
+
+
+def test_a_znode_under_a_vanished_workers_assignment_is_moved_aside_and_the_job_runs(
+        backend, start_worker, zk_client):
+    layout = backend.store.layout
+    job = tasks.add.submit(4, 4)
+    [node] = pending_nodes(zk_client, layout)
+    # As if a worker "ghost" held it and vanished, leaving a znode under the assignment.
+    tx = zk_client.transaction()
+    tx.create(layout.worker_assignments("ghost"), b"")
+    tx.create(layout.assignment("ghost", job.id),
+              json.dumps({"queue": "default", "node": node}).encode())
+    tx.create(layout.assignment("ghost", job.id) + "/stray", b"")
+    tx.delete(layout.job("default", node))
+    assert not failures(tx.commit())
+    start_worker()
+    assert job.wait(timeout=30).return_value == 8
+    assert [letter.kind for letter in backend.dead_letters(10)] == ["foreign_name"]
