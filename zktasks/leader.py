@@ -66,7 +66,6 @@ DELAYED_LOAD = 10_000     # due delayed names loaded at once (more once those ar
 DELAYED_GRACE = 60.0     # seconds past its minute before an empty delayed shard is deleted
 
 
-
 def _announce(result) -> None:
     """task_enqueued for a tick's job, as backend.write() sends it for a submit (Celery
     beat's publish signals fire in beat's process too). On a thread of its own: a
@@ -100,6 +99,7 @@ def _worker_fields(data) -> tuple[frozenset[str], int, int, bool]:
 
     return (frozenset(queues), count("concurrency", 1, 1), count("prefetch", 0, 0),
             bool(data.get("draining")))
+
 
 class LeadershipLost(Exception):
     """Our election znode is gone: stop acting as leader at once."""
