@@ -449,7 +449,17 @@ class Worker:
             data["prefetch"] = value
             return True
 
-        data = self.store.update_worker(self.worker_id, change)
+        try:
+            # Bounded (see _read_own_znode): a connection that drops after the check
+            # above would otherwise hold the main loop, and a stop, until ZooKeeper is
+            # back. A write that timed out may still land: the version guards a drain
+            # request, and the next finished job finds the value already there.
+            with self.store.bounded():
+                data = self.store.update_worker(self.worker_id, change)
+        except ZooKeeperUnavailableError:
+            logger.debug("prefetch not advertised (ZooKeeper unreachable) worker=%s",
+                         self.worker_id)
+            return  # the next finished job asks again
         if data is None or data.get("prefetch") != value:
             return  # gone (_register writes the current value), or draining
         before = self._prefetch.current

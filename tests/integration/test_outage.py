@@ -1,5 +1,6 @@
 """ZooKeeper goes away and comes back: nothing is lost, work goes on."""
 
+import json
 import secrets
 import threading
 
@@ -60,6 +61,41 @@ def test_worker_and_leader_carry_on_after_a_restart(zk_settings, own_server, sta
     own_server.restart()
     assert tasks.add.submit(3, 4).wait(timeout=30).return_value == 7
     assert worker.leader.is_leader
+
+
+def test_the_prefetch_write_gives_up_on_a_frozen_server(zk_settings, own_server,
+                                                        start_worker):
+    """The worker advertises a new prefetch from its main loop. ZooKeeper frozen
+    (SIGSTOP) before kazoo notices: the write used to wait for ZooKeeper's return, and
+    the main loop with it (a drain, a stop, every event). It gives up at CONNECT_TIMEOUT
+    now, and the next finished job asks again."""
+    worker = start_worker()
+    path = worker.store.layout.worker(worker.worker_id)
+    restore = impatient(worker.store, 1.0)
+    worker._run_avg = 0.0  # jobs this short ask for the short-job prefetch
+    wanted = worker._prefetch.wanted(worker._run_avg, 0.0)
+    assert wanted is not None and wanted != worker._prefetch.current
+    done = threading.Event()
+
+    def advertise():
+        worker._advertise_prefetch()
+        done.set()
+
+    own_server.pause()
+    try:
+        # The server stays frozen until after this wait, and the session (30 s) outlives
+        # it: before the fix the call returned only once the server was thawed.
+        threading.Thread(target=advertise, daemon=True).start()
+        assert done.wait(20), "the prefetch write waited for the frozen server"
+        assert worker._prefetch.current != wanted  # not taken as written
+    finally:
+        own_server.resume()
+        restore()
+    # Thawed, the next ask writes it (or finds the write that timed out landed after all).
+    worker._prefetch._changed_at = None
+    worker._advertise_prefetch()
+    assert worker._prefetch.current == wanted
+    assert json.loads(worker.client.get(path)[0])["prefetch"] == wanted
 
 
 def test_outage_longer_than_the_session_re_registers_the_worker(zk_settings, own_server,

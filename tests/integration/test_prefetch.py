@@ -102,16 +102,17 @@ def test_the_workers_prefetch_write_never_undoes_a_drain_request(
     as it is and drains."""
     worker = start_worker(concurrency=2)
     path = backend.store.layout.worker(worker.worker_id)
-    real_set = worker.client.set
+    # The write is bounded (Store.bounded), which sends it with set_async.
+    real_set_async = worker.client.set_async
     raced = []
 
     def drain_then_set(target, value, version=-1):
         if target == path and not raced and json.loads(value).get("prefetch") == 32:
             data = json.loads(zk_client.get(path)[0])
             raced.append(zk_client.set(path, json.dumps({**data, "draining": True}).encode()))
-        return real_set(target, value, version=version)
+        return real_set_async(target, value, version=version)
 
-    monkeypatch.setattr(worker.client, "set", drain_then_set)
+    monkeypatch.setattr(worker.client, "set_async", drain_then_set)
     for i in range(10):  # the worker drains part way: some are handed back, unrun
         tasks.add.submit(i, i)
     # Overwritten, the request would be lost: the worker reads its znode (on its own
