@@ -5,7 +5,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -88,30 +87,10 @@ def backend(zk_settings):
 
 
 @pytest.fixture
-def start_worker(zk_settings):
-    """Start in-process workers (thread pool by default); stop them after the test."""
-    from zktasks.worker import Worker
-
-    started = []
-
-    def start(**kwargs):
-        kwargs.setdefault("pool", "thread")
-        kwargs.setdefault("concurrency", 2)
-        worker = Worker(**kwargs)
-        thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
-        thread.start()
-        started.append((worker, thread))  # stopped after the test even if it never registers
-        # A process-pool worker registers once its task processes have set up Django
-        # (seconds on a loaded machine): the bound is for a worker that never does.
-        assert worker.registered.wait(60), "worker did not register"
-        return worker
-
-    yield start
-    for worker, _ in started:
-        worker.stop(graceful=False)
-    for worker, thread in started:
-        thread.join(60)
-        assert not thread.is_alive(), f"worker {worker.worker_id} did not stop"
+def start_worker(zk_worker):
+    """The plugin's zk_worker (in-process workers, thread pool by default), under the
+    name this suite grew up with."""
+    return zk_worker
 
 
 @pytest.fixture

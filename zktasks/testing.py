@@ -7,9 +7,9 @@ testcontainers (:func:`start_zookeeper`). Nothing here is a mock: every server
 is a JVM that clients reach over TCP, so crashes, restarts and pauses behave the
 way they do in production.
 
-Use it as a pytest plugin (``-p zktasks.testing``) for the fixtures
-``zookeeper``, ``zk_hosts``, ``zk_root``, ``zk_client`` and ``zk_ensemble``, or
-from the command line::
+Use it as a pytest plugin (``-p zktasks.testing``; installed, it loads itself) for
+the fixtures ``zookeeper``, ``zk_hosts``, ``zk_root``, ``zk_client``,
+``zk_ensemble``, ``zk_settings`` and ``zk_worker``, or from the command line::
 
     python -m zktasks.testing serve --port 2181
 
@@ -1059,6 +1059,12 @@ def docker_available() -> bool:
     return _docker_ok
 
 
+def _testcontainers_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("testcontainers") is not None
+
+
 class DockerZooKeeper:
     """The official ZooKeeper image in a container, with ZooKeeperServer's interface."""
 
@@ -1184,9 +1190,21 @@ def start_zookeeper(**kw: Any) -> ZooKeeperServer | DockerZooKeeper:
     if choice in ("0", "false", "no", "off"):
         use_docker = False
     elif choice in ("1", "true", "yes", "on"):
+        if not _testcontainers_installed():
+            raise ZooKeeperUnavailable(
+                f"{ENV_DOCKER}={os.environ[ENV_DOCKER]} asks for ZooKeeper in Docker, "
+                "which needs testcontainers: pip install testcontainers (or unset it to "
+                "use a local install).")
         use_docker = True
     else:
         use_docker = set(kw) <= _DOCKER_KWARGS and docker_available()
+        if use_docker and not _testcontainers_installed():
+            # testcontainers comes with the `test` extra only: a project that installed
+            # zktasks alone (and has Docker's SDK) still gets the local install.
+            log.warning("a Docker engine answers but testcontainers is not installed: "
+                        "using the local ZooKeeper install (pip install testcontainers "
+                        "for the container; %s=0 to stop trying Docker)", ENV_DOCKER)
+            use_docker = False
     if use_docker:
         container = DockerZooKeeper(**kw)
         try:
@@ -1330,6 +1348,64 @@ else:
         finally:
             client.stop()
             client.close()
+
+    @pytest.fixture
+    def zk_settings(settings: Any, zk_hosts: str, zk_root: str) -> Any:
+        """Point TASKS["default"] at the session's server and this test's ROOT, through
+        pytest-django's `settings` (put back after the test).
+
+        The project's own QUEUES and OPTIONS (AUTH, SIGNING_KEY, timeouts...) are kept,
+        but HOSTS and ROOT are the test's and TLS is dropped (the test server speaks
+        plain TCP). A project whose default backend is not zktasks gets zktasks' with
+        default options. Only this process sees the change: a `runworker` subprocess or
+        a process-pool worker's task processes load the settings module afresh
+        (`zk_worker` runs jobs on threads for that reason).
+        """
+        tasks = dict(getattr(settings, "TASKS", None) or {})
+        default = dict(tasks.get("default") or {})
+        if not str(default.get("BACKEND", "")).startswith("zktasks."):
+            default = {"BACKEND": "zktasks.backend.ZooKeeperBackend"}
+        options = {k: v for k, v in dict(default.get("OPTIONS") or {}).items() if k != "TLS"}
+        options.update(HOSTS=zk_hosts, ROOT=zk_root)
+        tasks["default"] = {**default, "OPTIONS": options}
+        settings.TASKS = tasks
+        return settings
+
+    @pytest.fixture
+    def zk_worker(zk_settings: Any) -> Iterator[Callable[..., Any]]:
+        """A function that starts a worker in this process, registered when it returns,
+        and stops it after the test: ``worker = zk_worker(queues=["emails"])``.
+
+        Keyword arguments go to ``zktasks.worker.Worker`` (those of ``runworker``); the
+        defaults here are ``pool="thread"`` and ``concurrency=2``, so that jobs run in
+        the test's process and see its settings (``zk_settings``, ``mail.outbox``...).
+        A ``pool="process"`` worker's task processes load the settings module instead:
+        a job they submit goes where that module says.
+        """
+        from zktasks.worker import Worker
+
+        started: list[tuple[Any, threading.Thread]] = []
+
+        def start(**kwargs: Any) -> Any:
+            kwargs.setdefault("pool", "thread")
+            kwargs.setdefault("concurrency", 2)
+            worker = Worker(**kwargs)
+            thread = threading.Thread(target=worker.run, name="zk-worker", daemon=True)
+            thread.start()
+            started.append((worker, thread))  # stopped after the test even if it never registers
+            # A process-pool worker registers once its task processes have set up Django
+            # (seconds on a loaded machine): the bound is for a worker that never does.
+            if not worker.registered.wait(60):
+                pytest.fail("the worker did not register with ZooKeeper within 60 s")
+            return worker
+
+        yield start
+        for worker, _ in started:
+            worker.stop(graceful=False)
+        for worker, thread in started:
+            thread.join(60)
+            if thread.is_alive():
+                pytest.fail(f"worker {worker.worker_id} did not stop within 60 s")
 
     @pytest.fixture
     def zk_ensemble() -> Iterator[ZooKeeperEnsemble]:

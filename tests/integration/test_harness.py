@@ -149,6 +149,28 @@ def test_missing_java_names_the_install_command(monkeypatch: pytest.MonkeyPatch)
         find_zookeeper()
 
 
+def test_docker_without_testcontainers_falls_back_to_the_local_install(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """testcontainers comes with the `test` extra only. A project with zktasks alone and
+    Docker's SDK (and an engine that answers) used to fail every test with
+    ModuleNotFoundError; it gets the local server now, and a forced Docker says what to
+    install."""
+    from zktasks import testing
+
+    monkeypatch.setattr(testing, "_docker_ok", True)  # an engine answers
+    monkeypatch.setattr(testing, "_testcontainers_installed", lambda: False)
+    monkeypatch.delenv("ZKTASKS_TEST_DOCKER", raising=False)
+    server = testing.start_zookeeper()
+    try:
+        assert isinstance(server, ZooKeeperServer)
+        assert "imok" in four_letter_word("127.0.0.1", server.port, "ruok")
+    finally:
+        server.close()
+    monkeypatch.setenv("ZKTASKS_TEST_DOCKER", "1")
+    with pytest.raises(ZooKeeperUnavailable, match="pip install testcontainers"):
+        testing.start_zookeeper()
+
+
 def test_ensemble_survives_leader_crash() -> None:
     with ZooKeeperEnsemble(3) as ensemble:
         assert ensemble.hosts == ",".join(f"127.0.0.1:{s.port}" for s in ensemble.servers)
