@@ -29,7 +29,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from . import envelope, records, schedule_state, serialization, statuswatch
 from .client import get_client
-from .conf import Options
+from .conf import ENTRY_KEYS, OPTION_KEYS, Options
 from .exceptions import (
     ConfigurationError,
     CorruptRecord,
@@ -114,6 +114,9 @@ class ZooKeeperBackend(BaseTaskBackend):
         return store
 
     def check(self, **kwargs):
+        misplaced = self._misplaced_keys()
+        if misplaced:
+            return misplaced
         try:
             self.conf  # noqa: B018 - parsing is the check
         except ConfigurationError as exc:
@@ -128,6 +131,27 @@ class ZooKeeperBackend(BaseTaskBackend):
                 hint="Use letters, digits, '_', '-' and '.' (not first).",
             )]
         return self._schedule_errors()
+
+    def _misplaced_keys(self) -> list:
+        """Keys beside BACKEND, QUEUES and OPTIONS, which Django ignores: an option put
+        there (HOSTS, as CACHES' LOCATION habit has it) silently meant the default
+        (127.0.0.1:2181), and a typo (QUEUE) accepted every queue name."""
+        unknown = sorted((key for key in self._params if key not in ENTRY_KEYS), key=str)
+        if not unknown:
+            return []
+        where = f"TASKS[{self.alias!r}]"
+        options = [key for key in unknown if key in OPTION_KEYS]
+        if options:
+            return [checks.Error(
+                f"{where} has {options!r} beside OPTIONS, where nothing reads them.",
+                id="zktasks.E001",
+                hint=f"Move them into {where}['OPTIONS'], e.g. "
+                     f"{{'OPTIONS': {{{options[0]!r}: ...}}}}.")]
+        return [checks.Error(
+            f"{where} has unknown keys {unknown!r}; the known ones are "
+            f"{sorted(ENTRY_KEYS)!r}.", id="zktasks.E001",
+            hint="zktasks' own settings go in OPTIONS; see the TASKS example in zktasks' "
+                 "README.")]
 
     def _schedule_errors(self) -> list:
         """A schedule's task must import and take its args: otherwise the leader only

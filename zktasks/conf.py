@@ -29,6 +29,16 @@ _KEY_SALT = secrets.token_bytes(32)
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}\Z")
 
 
+# The keys of a zktasks TASKS entry's OPTIONS.
+OPTION_KEYS = frozenset({
+    "HOSTS", "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "RESULT_TTL", "AUTH",
+    "SIGNING_KEY", "SIGNING_KEY_FALLBACKS", "MAX_RECORD_BYTES", "SCHEDULES",
+    "DEAD_LETTER_TTL", "DEAD_LETTER_LIMIT", "TLS", "RATE_LIMITS",
+})
+# The keys of a TASKS entry itself that Django's tasks framework reads.
+ENTRY_KEYS = frozenset({"BACKEND", "QUEUES", "OPTIONS"})
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TlsOptions:
     """OPTIONS['TLS']: how the client speaks TLS to ZooKeeper's secureClientPort."""
@@ -130,11 +140,7 @@ class Options:
                 f"{where} is of type {type(raw).__name__}; give a dict, e.g. "
                 "{'HOSTS': 'zk1:2181,zk2:2181,zk3:2181'}.")
         raw = dict(raw)
-        known = {
-            "HOSTS", "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "RESULT_TTL", "AUTH",
-            "SIGNING_KEY", "SIGNING_KEY_FALLBACKS", "MAX_RECORD_BYTES", "SCHEDULES",
-            "DEAD_LETTER_TTL", "DEAD_LETTER_LIMIT", "TLS", "RATE_LIMITS",
-        }
+        known = OPTION_KEYS
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ConfigurationError(

@@ -477,6 +477,21 @@ def test_system_check_reports_settings_of_the_wrong_type(settings, params, check
     assert [e.id for e in errors] == [check_id] and says in errors[0].msg
 
 
+@pytest.mark.parametrize("params, says, hint", [
+    ({"HOSTS": "zk1:2181"}, "['HOSTS'] beside OPTIONS", "Move them into"),
+    ({"QUEUE": ["emails"]}, "unknown keys ['QUEUE']", "go in OPTIONS"),
+])
+def test_system_check_reports_keys_django_ignores(settings, params, says, hint):
+    """Django reads BACKEND, QUEUES and OPTIONS of a TASKS entry and ignores the rest:
+    HOSTS put beside OPTIONS (CACHES' LOCATION habit) silently meant 127.0.0.1:2181."""
+    from django.core import checks
+
+    settings.TASKS = {"default": {"BACKEND": "zktasks.backend.ZooKeeperBackend", **params}}
+    errors = [e for e in checks.run_checks() if e.id.startswith("zktasks")]
+    assert [e.id for e in errors] == ["zktasks.E001"]
+    assert says in errors[0].msg and hint in errors[0].hint
+
+
 def test_seconds_refuse_non_finite_and_absurd_durations():
     import argparse
 
@@ -512,7 +527,9 @@ def bare_logging():
         finally:
             root.handlers = kept
 
+    last_resort = logging.lastResort
     yield configure
+    logging.lastResort = last_resort
     for name, (level, handlers) in saved.items():
         logger = logging.getLogger(name)
         for handler in logger.handlers:
