@@ -19,6 +19,17 @@ def email(address):
 
 
 @zk_task
+def logs(message):
+    """Logs through a logger of its own, as task code does, at INFO and at WARNING."""
+    import logging
+
+    log = logging.getLogger("tests.tasks.logs")
+    log.info("info: %s", message)
+    log.warning("warning: %s", message)
+    return message
+
+
+@zk_task
 def boom(message):
     raise ValueError(message)
 

@@ -301,6 +301,9 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
     import django
 
     django.setup()  # nothing left to do in a fork of a server that set it up
+    from .loghandler import format_last_resort
+
+    format_last_resort()  # a task's own warnings, timestamped like the worker's lines
     # Ready: the worker counts a run's hard time limit from the hand-off, so it waits
     # for this before the first one (django.setup() took 3 s on a loaded 2-CPU VM).
     conn.send(_READY_FORKED if server is not None else _READY)

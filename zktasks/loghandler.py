@@ -20,8 +20,25 @@ so a quiet worker's last lines would wait indefinitely.
 
 import logging
 import math
+import sys
 import threading
 import time
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def format_last_resort() -> None:
+    """Give the records no handler takes (Python's last resort: WARNING and worse, as a
+    bare message) our timestamped format, in a process whose project configures no
+    logging: a task's own `logging.getLogger(__name__).warning(...)` then reads like the
+    worker's lines. Only logging.lastResort changes, so a logger the project did
+    configure is left alone, and nothing is printed twice."""
+    if logging.getLogger().handlers:
+        return  # the project's root handlers take everything that propagates
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.lastResort = handler
 
 
 class GroupingStreamHandler(logging.StreamHandler):

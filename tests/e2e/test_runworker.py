@@ -385,3 +385,23 @@ def test_worker_frozen_past_its_session_comes_back_and_keeps_leading(backend, ru
     assert proc.poll() is None, proc.log_path.read_text()[-3000:]
     log = proc.log_path.read_text()
     assert "Exception in thread zktasks-leader" not in log
+
+
+@pytest.mark.parametrize("pool", ["process", "thread"])
+def test_a_tasks_own_warnings_are_timestamped_like_the_workers_lines(
+        backend, runworker, zk_client, pool):
+    """A project without root handlers (tests.settings configures the zktasks logger
+    only): a task's own logger.warning() came out bare, with neither time nor level, in
+    a task process as on the worker's thread. Its INFO lines stay out, as the root
+    logger's default level (and Celery's default) has it."""
+    import re
+
+    proc = runworker("--concurrency", "1", "--pool", pool, name=f"logs-{pool}")
+    wait_registered(zk_client, backend, 1)
+    assert tasks.logs.submit("hello").wait(timeout=60).return_value == "hello"
+    wait_until(lambda: "warning: hello" in proc.log_path.read_text(), 60,
+               "the task's warning in the worker's log")
+    log = proc.log_path.read_text()
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ WARNING tests\.tasks\.logs "
+                     r"warning: hello$", log, re.M), log[-2000:]
+    assert "info: hello" not in log

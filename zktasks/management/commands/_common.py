@@ -13,13 +13,12 @@ from django.core.management.base import CommandError
 from django.tasks import task_backends
 from django.tasks.exceptions import InvalidTaskBackend
 
+from zktasks.loghandler import LOG_FORMAT
 from zktasks.tree import QUEUE_RE
 
 # A bound on durations typed at a shell: a century is longer than any sensible age or
 # timeout, and datetime arithmetic overflows a few thousand years out.
 MAX_SECONDS = 100 * 365.25 * 86400
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
 def zk_backend(alias: str, command: str):

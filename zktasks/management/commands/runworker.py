@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
 
 from zktasks.exceptions import ZkTasksError
+from zktasks.loghandler import format_last_resort
 
 from ._common import (
     configured,
@@ -184,3 +185,6 @@ class Command(BaseCommand):
         if not configured(kazoo):
             kazoo.addHandler(handler or stderr_handler())
             kazoo.setLevel(logging.INFO if verbosity >= 3 else logging.WARNING)
+        # The tasks' own loggers (thread pool; task processes do the same): their
+        # warnings read like ours instead of Python's bare last resort.
+        format_last_resort()
