@@ -325,6 +325,7 @@ class Leader:
         self._unserved = set()  # a new term warns again
         for queue, limit in sorted(self.buckets.limits.items()):
             logger.info("rate limit queue=%s %s (for the whole cluster)", queue, limit.text)
+        self._take_up_buckets()
         self.mark("*")  # rule 6: a new leader reconciles from the whole tree
         last_full = time.monotonic()  # the mark just above is the first full read
         while not self.stop_event.is_set():
@@ -1075,14 +1076,51 @@ class Leader:
                 except NoNodeError:
                     pass
 
+    def _take_up_buckets(self) -> None:
+        """Start the term with the buckets the last leader left (ratelimit.py), not full
+        ones: a rolling deploy changes leader once per restarted worker."""
+        if not self.buckets.limits:
+            return
+        states = self.store.rate_states(sorted(self.buckets.limits))
+        now, wall = time.monotonic(), time.time()
+        for queue, data in states.items():
+            if data is None:
+                continue  # never written: full, as a first term starts
+            try:
+                state = records.loads(data, path=self.layout.rate_state(queue))
+                at = state.get("at")
+                ok = (isinstance(at, int | float) and not isinstance(at, bool)
+                      and self.buckets.restore(queue, state.get("tokens"), wall - at, now))
+            except (CorruptRecord, OverflowError):
+                ok = False
+            if ok:
+                logger.info("rate limit queue=%s taken up: %.2f of %d tokens", queue,
+                            self.buckets.allowance(queue, now) or 0,
+                            self.buckets.limits[queue].burst)
+            else:
+                logger.warning("rate limit queue=%s: the bucket kept at %s is unreadable; "
+                               "starting with a full one", queue,
+                               self.layout.rate_state(queue))
+
+    def _rate_states(self, batch, now: float) -> dict[str, bytes]:
+        """The buckets of the limited queues in `batch`, to write with it."""
+        wall = time.time()
+        return {queue: records.dumps({**self.buckets.state(queue, now), "at": wall})
+                for queue in {q for q, _, _ in batch if q in self.buckets.limits}}
+
     def _assign(self) -> None:
         plan = self.plan()
         for start in range(0, len(plan), BATCH):
             batch = plan[start:start + BATCH]
-            results = self.store.assign(self.fence, batch)
+            results = self.store.assign(self.fence, batch,
+                                        self._rate_states(batch, time.monotonic()))
             failed = failures(results)
             if failed:
                 self._raise_if_fence(failed)
+                # Refused, the multi assigned none of its batch, and the batches after it
+                # are not sent: their tokens go back (an unknown outcome, a connection
+                # lost, keeps them spent: the limit errs on the slow side).
+                self._give_back(plan[start:])
                 self._explain_refusal(batch, failed)
                 for queue, node, worker_id in plan[start + BATCH:]:  # planned, never sent
                     self.workers.get(worker_id, WorkerView(worker_id)).assigned.discard(
@@ -1118,9 +1156,24 @@ class Leader:
             logger.info("queue=%s is served again, or has no jobs waiting", queue)
         self._unserved = unserved
 
+    def _give_back(self, moves) -> None:
+        counts: dict[str, int] = {}
+        for queue, _, _ in moves:
+            counts[queue] = counts.get(queue, 0) + 1
+        now = time.monotonic()
+        for queue, count in counts.items():
+            self.buckets.give_back(queue, count, now)
+
     def _explain_refusal(self, batch, failed) -> None:
         """Learn from a refused batch so the next plan does not repeat it."""
         index, error = failed[0]
+        if index > 2 * len(batch):
+            # A bucket's znode (written after the batch's ops) is gone: made again.
+            logger.warning("rate limit state refused error=%r; making its znodes again",
+                           error)
+            self.store.rate_states(sorted(self.buckets.limits))
+            self._undo_view(batch)
+            return
         queue, node, worker_id = batch[(index - 1) // 2]
         creating = (index - 1) % 2 == 0
         if not creating and isinstance(error, NotEmptyError):
@@ -1134,7 +1187,11 @@ class Leader:
             # Typically the job vanished (cancelled) or a worker left: re-read, replan.
             logger.debug("assignment batch refused job=%s error=%r", node, error)
             self.mark(f"a:{worker_id}")
-        for q, n, w in batch:  # undo our optimistic view; the re-read gives the truth
+        self._undo_view(batch)
+
+    def _undo_view(self, batch) -> None:
+        """Undo our optimistic view of a refused batch; the re-read gives the truth."""
+        for q, n, w in batch:
             self.workers.get(w, WorkerView(w)).assigned.discard(n.split("-", 1)[1])
             key = f"s:{q}/{shard_of(n)}"
             self._listed_at.pop(key, None)  # our view of that shard is wrong: re-list it
@@ -1208,7 +1265,8 @@ class Leader:
         # take a job of that queue, none takes a later one in this plan.
         for queue, count in taken.items():
             del self.pending[queue][:count]
-            # Spent even if the multi is refused: the limit errs on the slow side.
+            # Given back if the multi is refused (_assign); kept spent if its outcome is
+            # unknown: the limit errs on the slow side.
             self.buckets.take(queue, count, now)
         return moves
 

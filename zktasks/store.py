@@ -1000,11 +1000,15 @@ class Store:
 
     # -- leader transitions ----------------------------------------------------------
 
-    def assign(self, fence: str, items: Iterable[tuple[str, str, str]]) -> list:
+    def assign(self, fence: str, items: Iterable[tuple[str, str, str]],
+               rate_states: dict[str, bytes] | None = None) -> list:
         """Move pending jobs to workers: items are (queue, job_node, worker_id).
 
         One multi for the batch, fenced by the leader's own sequential election znode,
-        whose name can never come back once its session is gone.
+        whose name can never come back once its session is gone. `rate_states` are the
+        buckets of the rate-limited queues in the batch, as this hand-out leaves them
+        (ratelimit.py): written in the same multi, after the batch's ops, so a bucket
+        kept in ZooKeeper never disagrees with what was handed out.
         """
         items = list(items)
         now = records.now().isoformat()
@@ -1018,8 +1022,27 @@ class Store:
                     records.dumps({"queue": queue, "node": node, "assigned_at": now}),
                 )
                 txn.delete(self.layout.job(queue, node))
+            for queue, data in (rate_states or {}).items():
+                txn.set_data(self.layout.rate_state(queue), data)
 
         return self._commit_raw(build)
+
+    def rate_states(self, queues: Iterable[str]) -> dict[str, bytes | None]:
+        """Read the buckets that leaders left for `queues` (None: never written), and
+        make the znodes that are missing, so that an assignment multi can write them."""
+        states: dict[str, bytes | None] = {}
+        for queue in queues:
+            path = self.layout.rate_state(queue)
+            try:
+                data, _ = self.retry(self.client.get, path)
+            except NoNodeError:
+                try:
+                    self.retry(self.client.create, path, b"", makepath=True)
+                except NodeExistsError:
+                    pass  # made meanwhile (or by our own create, retried after a loss)
+                data = None
+            states[queue] = data or None
+        return states
 
     def submit_tick(self, fence: str, record: StatusRecord, schedule_path: str,
                     state: bytes, version: int | None) -> list:

@@ -80,6 +80,11 @@ LAYOUT = (
      "paused_at: set by pause_schedule() (no ticks); resume_schedule() writes last_tick "
      "alone (schedule_state.py). One that does not decode is moved to the dead letters "
      "by the leader, and the schedule starts again from now"),
+    ("{root}/ratelimits/{queue}", "PERSISTENT",
+     "the leader (made when its term starts, set in the assignment multis that hand out "
+     "the queue's jobs)",
+     "JSON: tokens, at (epoch seconds), rate: a rate-limited queue's bucket as the last "
+     "hand-out left it; the next leader takes it up (ratelimit.py). Empty until then"),
     ("{root}/status/{job_id}", "PERSISTENT", "submitters, workers, the leader",
      "the job's state record: JSON (payload and result inside are HMAC-signed dill)"),
     ("{root}/deadletter/{at_ms:013d}-{16 random hex}", "PERSISTENT",
@@ -402,6 +407,15 @@ class Layout:
 
     def schedule(self, name: str) -> str:
         return f"{self.schedules}/{name}"
+
+    @property
+    def ratelimits(self) -> str:
+        """The rate-limited queues' buckets, as the last leader left them (made by the
+        leader, not part of the skeleton)."""
+        return f"{self.root}/ratelimits"
+
+    def rate_state(self, queue: str) -> str:
+        return f"{self.ratelimits}/{queue}"
 
     @property
     def cancel(self) -> str:

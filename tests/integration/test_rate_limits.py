@@ -69,8 +69,9 @@ def test_a_limited_queue_holds_only_its_own_jobs(backend, start_worker, zk_clien
 
 
 def test_a_new_leader_keeps_the_limit_with_at_most_one_burst_more(backend, start_worker):
-    # The bucket lives in the leader's memory: a new leader starts with a full one (a
-    # burst: one job at 5/s) and then keeps the rate, it does not start the rest at once.
+    # A new leader takes up the bucket the first left in ZooKeeper (at most a clock
+    # difference's refill, a burst, early: one job at 5/s) and keeps the rate; it does
+    # not start the rest at once.
     first = start_worker(name="first", queues=["paced"], concurrency=4)
     wait_until(lambda: first.leader is not None and first.leader.is_leader, 60, "a leader")
     second = start_worker(name="second", queues=["paced"], concurrency=4)
@@ -87,3 +88,58 @@ def test_a_new_leader_keeps_the_limit_with_at_most_one_burst_more(backend, start
     # earlier start is not kept, which only loosens the bound).
     since = sorted((r.last_attempted_at - first_submit).total_seconds() for r in done)
     assert all(s >= (k - 1) * 0.2 - 0.002 for k, s in enumerate(since)), since
+
+
+def test_a_new_leader_takes_up_the_bucket_its_predecessor_left(backend, start_worker):
+    """The bucket is kept in ZooKeeper with each hand-out (ratelimit.py). Before, it
+    lived in the leader's memory only and every new leader started full: a rolling
+    deploy (the audit restarted the leader three times) started 4 jobs of a 1/h queue
+    within 9 s."""
+    first = start_worker(name="first", queues=["default", "trickle"], concurrency=2)
+    wait_until(lambda: first.leader is not None and first.leader.is_leader, 60, "a leader")
+    ran = tasks.add.using(queue_name="trickle").submit(1, 1)
+    assert ran.wait(timeout=60).status == TaskResultStatus.SUCCESSFUL
+    waiting = tasks.add.using(queue_name="trickle").submit(2, 2)  # the next token: 1 h
+    first.stop(graceful=False)
+    assert first.wait_stopped(60)
+    second = start_worker(name="second", queues=["default", "trickle"], concurrency=2)
+    wait_until(lambda: second.leader is not None and second.leader.is_leader, 60,
+               "the second worker to lead")
+    # A job submitted after the waiting one is handed out by a plan that saw both: with
+    # a full bucket (the old behaviour) the older trickle job goes first, or with it.
+    later = tasks.add.submit(3, 3)
+    assert later.wait(timeout=60).status == TaskResultStatus.SUCCESSFUL
+    waiting.refresh()
+    assert waiting.status == TaskResultStatus.READY and waiting.worker_ids == []
+    state = json.loads(backend.store.client.get(backend.store.layout.rate_state("trickle"))[0])
+    assert state["rate"] == "1/h" and state["tokens"] < 1
+
+
+def test_a_refused_hand_out_gives_its_tokens_back(backend, start_worker, zk_client):
+    """An assignment multi refused as a whole (here by a hand-made znode under the other
+    job's pending node; in production a job cancelled or a worker gone between the
+    leader's read and its multi) assigned nothing: the limited job's token used to be
+    spent all the same, and at 1/h it waited an hour."""
+    from zktasks.tree import job_node_name
+
+    other = tasks.add.submit(1, 1)
+    limited = tasks.add.using(queue_name="trickle").submit(2, 2)
+    pending = backend.store.layout.job("default", job_node_name(0, other.id))
+    zk_client.create(f"{pending}/handmade", b"x")
+    start_worker(queues=["default", "trickle"], concurrency=2)
+    assert other.wait(timeout=60).status == TaskResultStatus.SUCCESSFUL
+    assert limited.wait(timeout=60).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_a_bucket_znode_deleted_by_hand_is_made_again(backend, start_worker, zk_client):
+    """The hand-out multi writes the bucket to its znode: gone, it refuses the multi;
+    the leader makes it again, and the jobs go on."""
+    start_worker(queues=["paced"], concurrency=2)
+    first = tasks.add.using(queue_name="paced").submit(1, 1)
+    assert first.wait(timeout=60).status == TaskResultStatus.SUCCESSFUL
+    path = backend.store.layout.rate_state("paced")
+    assert json.loads(zk_client.get(path)[0])["rate"] == "5/s"
+    zk_client.delete(path)
+    second = tasks.add.using(queue_name="paced").submit(2, 2)
+    assert second.wait(timeout=60).status == TaskResultStatus.SUCCESSFUL
+    assert json.loads(zk_client.get(path)[0])["rate"] == "5/s"

@@ -32,7 +32,11 @@ def test_rates_are_written_as_celery_writes_them(text, per_second, burst):
     (None, "X is None; give a rate"),
     ("0/s", "must be above 0 .*stop serving it"),
     (-1, "must be above 0"),
-    (float("inf"), "must be above 0"),
+    (float("inf"), "too large to be a rate"),
+    (10**400, "too large to be a rate"),  # was an OverflowError out of manage.py check
+    ("9" * 400 + "/s", "too large to be a rate"),
+    ("\uff11\uff10/s", "give a rate such as"),  # full-width digits
+    (float("nan"), "must be above 0"),
 ])
 def test_bad_rates_say_what_to_write(value, match):
     with pytest.raises(ConfigurationError, match=match):
@@ -81,6 +85,31 @@ def test_a_bucket_refills_at_its_rate_and_holds_one_burst():
     # The leader waits for a burst's worth (10 at 100/s), not for each token...
     assert buckets.wait("fast", 0.05, want=500) == pytest.approx(0.05)
     assert buckets.wait("fast", 0.05, want=3) == 0.0  # ...or for as many as wait
+
+
+def test_a_bucket_is_taken_up_where_it_was_left_and_given_back_when_refused():
+    limits = {"q": parse_rate("2/s", "X"), "fast": parse_rate("100/s", "X")}
+    old = Buckets(limits, 0.0)
+    old.take("q", 1, 0.0)
+    state = old.state("q", 0.0)
+    assert state == {"tokens": 0.0, "rate": "2/s"}
+    new = Buckets(limits, 100.0)  # another leader's monotonic clock
+    assert new.allowance("q", 100.0) == 1  # a bucket not taken up starts full
+    assert new.restore("q", state["tokens"], 0.25, 100.0)
+    assert new.allowance("q", 100.0) == 0  # a quarter of a second: half a token
+    assert new.wait("q", 100.0) == pytest.approx(0.25)
+    assert new.restore("q", 0.0, -30.0, 100.0)  # a clock behind refills nothing
+    assert new.allowance("q", 100.0) == 0
+    assert new.restore("q", 0.0, 3600.0, 100.0)  # nor more than a burst
+    assert new.allowance("q", 100.0) == 1
+    for tokens, elapsed in (("x", 1.0), (None, 1.0), (0.0, float("nan")), (float("inf"), 0)):
+        assert not new.restore("q", tokens, elapsed, 100.0)
+    assert not new.restore("unlimited", 0.0, 0.0, 100.0)
+    new.take("fast", 10, 100.0)
+    new.give_back("fast", 4, 100.0)
+    assert new.allowance("fast", 100.0) == 4
+    new.give_back("fast", 40, 100.0)
+    assert new.allowance("fast", 100.0) == 10  # capped at the burst
 
 
 def test_plan_hands_out_a_limited_queue_s_jobs_at_its_rate():
