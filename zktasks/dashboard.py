@@ -400,7 +400,19 @@ class Reader:
                 notes[name] = f"its state cannot be read: {exc}" + (
                     " The leader moves it to the dead letters and starts the schedule "
                     "again from now." if name in configured else "")
-        jobs = {name: tick_job_id(name, tick) for name, tick in lasts.items()}
+        jobs = {}
+        for name, tick in list(lasts.items()):
+            try:
+                jobs[name] = tick_job_id(name, tick)
+                if name in configured:
+                    configured[name].next_tick(tick)
+            except (OverflowError, ValueError) as exc:
+                # A hand-made last tick at the ends of time ("9999-12-31T23:59:00+00:00"):
+                # one such row broke the whole Schedules page and `zktasks schedules`.
+                del lasts[name]
+                jobs.pop(name, None)
+                notes[name] = (f"its last tick, {tick.isoformat()}, cannot be used ({exc}); "
+                               "the leader's next tick replaces it.")
         found_jobs = self.statuses(jobs.values())
         rows = []
         for name in names:

@@ -183,7 +183,8 @@ class Leader:
         self._last_cancel_sweep = -math.inf
         self._watch_fns: dict[str, Callable] = {}  # see _watch
         self._finished_watch = self._watch("finished")
-        self._next_ticks: dict[str, float] = {}
+        self._next_ticks: dict[str, float] = {}  # wall-clock times (epoch seconds)
+        self._clock_offset = time.time() - time.monotonic()  # to see the clock set back
         self._listed_at: dict[str, float] = {}
         self._deferred: set[str] = set()
         self._broken_schedules: dict[str, str] = {}  # name -> the error it failed with
@@ -323,6 +324,7 @@ class Leader:
     def _lead(self) -> None:
         self._set_leader(True)
         self._unserved = set()  # a new term warns again
+        self._next_ticks.clear()  # and reads every schedule's state anew
         for queue, limit in sorted(self.buckets.limits.items()):
             logger.info("rate limit queue=%s %s (for the whole cluster)", queue, limit.text)
         self._take_up_buckets()
@@ -684,6 +686,15 @@ class Leader:
 
     def _run_schedules(self) -> None:
         """Submit one job for each schedule whose tick has come (missed ticks coalesce)."""
+        offset = time.time() - time.monotonic()
+        if offset < self._clock_offset - SCHEDULE_SKEW:
+            # The wall clock was set back (NTP stepping a clock that ran fast): the
+            # next ticks computed before are that far in the future now, and every
+            # schedule would skip its ticks until then. Read their states again.
+            logger.warning("the clock went back %.0f s; reading every schedule again",
+                           self._clock_offset - offset)
+            self._next_ticks.clear()
+        self._clock_offset = offset
         now = records.now()
         for schedule in self.store.options.schedules:
             next_at = self._next_ticks.get(schedule.name)
@@ -782,7 +793,16 @@ class Leader:
                 self.client.create(path, state)
             else:
                 self.client.set(path, state, version=version)
-        except (BadVersionError, NodeExistsError, NoNodeError):
+        except NoNodeError:
+            if version is None:
+                # The create's parent, schedules/, is gone (deleted by hand): nothing
+                # makes it again but this (the skeleton is made once per process), and
+                # every schedule stopped for good, in silence.
+                logger.warning("the schedules znode %s is missing; making it again",
+                               self.layout.schedules)
+                self.store.retry(self.client.ensure_path, self.layout.schedules)
+            return False
+        except (BadVersionError, NodeExistsError):
             return False
         return True
 

@@ -27,25 +27,39 @@ _MONTH_DAYS = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10
                11: 30, 12: 31}
 
 
+def _number(text: str, name: str) -> int:
+    if text.isascii() and text.isdigit():
+        return int(text)
+    if text.isalpha():
+        raise ValueError(f"{text!r} in the {name} field: names (MON, JAN) are not "
+                         "supported; use numbers (days of the week 0-7, Sunday 0 or 7; "
+                         "months 1-12)")
+    raise ValueError(f"{text!r} in the {name} field is not a number")
+
+
 def _parse_field(text: str, name: str, low: int, high: int) -> frozenset[int]:
     values: set[int] = set()
     for part in text.split(","):
-        step = 1
+        step = None
         if "/" in part:
             part, _, step_text = part.partition("/")
-            if not step_text.isdigit() or int(step_text) < 1:
+            if not (step_text.isascii() and step_text.isdigit()) or int(step_text) < 1:
                 raise ValueError(f"bad step {step_text!r} in the {name} field")
             step = int(step_text)
         if part == "*":
             start, stop = low, high
         elif "-" in part:
             a, _, b = part.partition("-")
-            start, stop = int(a), int(b)
+            start, stop = _number(a, name), _number(b, name)
         else:
-            start = stop = int(part)
+            start = stop = _number(part, name)
+            if step is not None:
+                # "5/15": from 5 to the end, every 15 (cronie and croniter read it so;
+                # it meant 5 alone here before).
+                stop = high
         if not (low <= start <= high and low <= stop <= high and start <= stop):
             raise ValueError(f"{part!r} is outside {low}-{high} in the {name} field")
-        values.update(range(start, stop + 1, step))
+        values.update(range(start, stop + 1, step or 1))
     if name == "day of week" and 7 in values:  # cron allows 7 for Sunday, like 0
         values = (values - {7}) | {0}
     return frozenset(values)
@@ -66,35 +80,73 @@ class Cron:
 
     @classmethod
     def parse(cls, expression: str) -> "Cron":
+        if not isinstance(expression, str):
+            raise TypeError(f"{expression!r} is not a string; give one such as "
+                            "'0 3 * * *'")
         parts = expression.split()
         if len(parts) != 5:
             raise ValueError(f"{expression!r} has {len(parts)} fields; cron needs 5")
         sets = [_parse_field(p, *spec) for p, spec in zip(parts, _FIELDS, strict=True)]
         days, months = sets[2], sets[3]
-        if parts[4] == "*" and not any(day <= _MONTH_DAYS[month]
+        if parts[4].startswith("*") and not any(day <= _MONTH_DAYS[month]
                                        for month in months for day in days):
             # Checked here: the leader found it out by stepping through five years of
             # minutes, at every tick, before giving up on it.
             raise ValueError(f"{expression!r} never matches: none of its months has any "
                              "of its days")
-        return cls(expression, *sets, any_day=parts[2] == "*", any_weekday=parts[4] == "*")
+        # A field that starts with "*" ("*/2" too) counts as unrestricted for the
+        # day-of-month / day-of-week rule, as in vixie cron and cronie.
+        return cls(expression, *sets, any_day=parts[2].startswith("*"),
+                   any_weekday=parts[4].startswith("*"))
 
-    def matches(self, when: datetime) -> bool:
+    def _day_ok(self, when: datetime) -> bool:
         weekday = (when.weekday() + 1) % 7  # cron: 0 is Sunday
         if self.any_day or self.any_weekday:
-            day_ok = when.day in self.days and weekday in self.weekdays
-        else:  # both restricted: cron runs when either matches
-            day_ok = when.day in self.days or weekday in self.weekdays
+            return when.day in self.days and weekday in self.weekdays
+        # both restricted: cron runs when either matches
+        return when.day in self.days or weekday in self.weekdays
+
+    def matches(self, when: datetime) -> bool:
         return (when.minute in self.minutes and when.hour in self.hours
-                and when.month in self.months and day_ok)
+                and when.month in self.months and self._day_ok(when))
 
     def next_after(self, when: datetime) -> datetime:
-        """The first matching minute strictly after `when`."""
+        """The first matching minute strictly after `when`.
+
+        A month, day or hour that cannot match is skipped whole: walking minutes, a
+        rare expression ("0 0 29 2 *") took the leader one or two seconds per tick.
+        """
         moment = when.replace(second=0, microsecond=0) + timedelta(minutes=1)
-        for _ in range(366 * 24 * 60 * 5):  # a valid expression matches within 5 years
-            if self.matches(moment):
+        limit = moment + timedelta(days=366 * 5)  # a valid expression matches by then
+        while moment <= limit:
+            if moment.month not in self.months:
+                first = moment.replace(day=1, hour=0, minute=0)
+                moment = (first + timedelta(days=32)).replace(day=1)
+            elif not self._day_ok(moment):
+                moment = moment.replace(hour=0, minute=0) + timedelta(days=1)
+            elif moment.hour not in self.hours:
+                moment = moment.replace(minute=0) + timedelta(hours=1)
+            elif moment.minute not in self.minutes:
+                moment += timedelta(minutes=1)
+            else:
                 return moment
-            moment += timedelta(minutes=1)
+        raise ValueError(f"{self.expression!r} never matches")
+
+    def latest_at_or_before(self, when: datetime) -> datetime:
+        """The last matching minute at or before `when` (skipping as next_after does)."""
+        moment = when.replace(second=0, microsecond=0)
+        limit = moment - timedelta(days=366 * 5)
+        while moment >= limit:
+            if moment.month not in self.months:
+                moment = moment.replace(day=1, hour=0, minute=0) - timedelta(minutes=1)
+            elif not self._day_ok(moment):
+                moment = moment.replace(hour=0, minute=0) - timedelta(minutes=1)
+            elif moment.hour not in self.hours:
+                moment = moment.replace(minute=0) - timedelta(minutes=1)
+            elif moment.minute not in self.minutes:
+                moment -= timedelta(minutes=1)
+            else:
+                return moment
         raise ValueError(f"{self.expression!r} never matches")
 
 
@@ -125,12 +177,7 @@ class Schedule:
     def latest_tick(self, now: datetime) -> datetime:
         """The latest tick at or before `now`."""
         if self.cron is not None:
-            moment = now.replace(second=0, microsecond=0)
-            for _ in range(366 * 24 * 60 * 5):
-                if self.cron.matches(moment):
-                    return moment
-                moment -= timedelta(minutes=1)
-            raise ValueError(f"{self.cron.expression!r} never matches")
+            return self.cron.latest_at_or_before(now)
         return datetime.fromtimestamp((now.timestamp() // self.every) * self.every, UTC)
 
     def job_id(self, tick: datetime) -> str:

@@ -72,6 +72,46 @@ def test_schedule_survives_a_leader_change_without_doubling(backend, start_worke
     assert any(second.worker_id in r.worker_ids for r in jobs)
 
 
+def test_the_schedules_znode_deleted_by_hand_is_made_again(backend, start_worker, zk_client):
+    """Its state's create then met NoNode, taken for a race: no schedule ticked again
+    until a process was restarted, and nothing said so."""
+    start_worker()
+    wait_until(lambda: len(finished_ticks(zk_client, backend)) >= 1, 30, "a tick")
+    zk_client.delete(backend.store.layout.schedules, recursive=True)
+    before = {r.id for r in tick_jobs(zk_client, backend)}
+    wait_until(lambda: {r.id for r in finished_ticks(zk_client, backend)} - before, 60,
+               "a tick after schedules/ was deleted")
+    assert zk_client.exists(backend.store.layout.schedule("beat"))
+
+
+def test_a_clock_set_back_reads_the_schedules_again(backend, start_worker, zk_client,
+                                                    monkeypatch):
+    """A leader's clock ran ahead and was set back (NTP): the next ticks it had computed
+    lay that far ahead, and it skipped every tick until its clock caught up."""
+    import time
+
+    worker = start_worker()
+    wait_until(lambda: len(finished_ticks(zk_client, backend)) >= 1, 30, "a tick")
+    leader = worker.leader
+    before = {r.id for r in tick_jobs(zk_client, backend)}
+    run_schedules, shifted = leader._run_schedules, []
+
+    def after_the_clock_went_back():
+        # On the leader's thread: its state as right after its clock went back two
+        # minutes (its next tick two minutes ahead, its clock's offset from monotonic
+        # time two minutes less).
+        if not shifted:
+            leader._next_ticks["beat"] = time.time() + 120
+            leader._clock_offset += 120
+            shifted.append(True)
+        run_schedules()
+
+    monkeypatch.setattr(leader, "_run_schedules", after_the_clock_went_back)
+    leader.wake.set()
+    wait_until(lambda: {r.id for r in finished_ticks(zk_client, backend)} - before, 60,
+               "a tick after the clock went back")
+
+
 def test_broken_schedule_does_not_stop_the_leader(settings, zk_hosts, zk_root, start_worker,
                                                   monkeypatch):
     from tests import tasks
@@ -213,6 +253,31 @@ def test_a_failing_schedule_shows_its_error_until_a_tick_is_recorded(
     wait_until(lambda: not _rows()["nightly"].error, 30, "the error gone with a tick")
     row = _rows()["nightly"]
     assert row.last_job and row.last_state  # the tick that cleared it has its job
+
+
+def test_a_last_tick_at_the_ends_of_time_is_a_note_not_a_broken_page(
+        settings, zk_hosts, zk_root, zk_client):
+    """A hand-made last tick that computes to no date ("9999-12-31T23:59", or year 1
+    with an offset) raised out of the whole listing: the dashboard's Schedules page and
+    `zktasks schedules` failed for every schedule."""
+    import json
+
+    from django.tasks import task_backends
+
+    settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, SCHEDULES={
+        "late": {"task": "tests.tasks.add", "cron": "0 0 * * *", "args": [1, 1]},
+        "early": {"task": "tests.tasks.add", "every": 60, "args": [1, 1]},
+        "fine": {"task": "tests.tasks.add", "every": 60, "args": [1, 1]}})
+    layout = task_backends["default"].store.layout
+    for name, tick in (("late", "9999-12-31T23:59:00+00:00"),
+                       ("early", "0001-01-01T00:00:00+05:00")):
+        zk_client.create(layout.schedule(name), json.dumps({"last_tick": tick}).encode(),
+                         makepath=True)
+    rows = _rows()
+    assert "cannot be used" in rows["late"].note and rows["late"].last_tick is None
+    assert "cannot be used" in rows["early"].note and rows["early"].last_tick is None
+    assert rows["fine"].note == "" and rows["fine"].next_tick is not None
+    assert "cannot be used" in _command()
 
 
 def test_state_left_by_a_schedule_no_longer_configured_is_listed_as_such(backend, zk_client):
