@@ -184,6 +184,7 @@ class Leader:
         self._watch_fns: dict[str, Callable] = {}  # see _watch
         self._finished_watch = self._watch("finished")
         self._next_ticks: dict[str, float] = {}  # wall-clock times (epoch seconds)
+        self._unanswered_ticks: dict[str, tuple] = {}  # name -> (tick, result) in flight
         self._clock_offset = time.time() - time.monotonic()  # to see the clock set back
         self._listed_at: dict[str, float] = {}
         self._deferred: set[str] = set()
@@ -325,6 +326,7 @@ class Leader:
         self._set_leader(True)
         self._unserved = set()  # a new term warns again
         self._next_ticks.clear()  # and reads every schedule's state anew
+        self._unanswered_ticks.clear()  # what landed meanwhile may be another leader's
         for queue, limit in sorted(self.buckets.limits.items()):
             logger.info("rate limit queue=%s %s (for the whole cluster)", queue, limit.text)
         self._take_up_buckets()
@@ -762,10 +764,16 @@ class Leader:
                            "(clocks of the leaders differ?); starting again from now",
                            schedule.name, last.isoformat(), now.isoformat())
             return self._set_schedule(path, state, version)
+        # A tick in flight at the last pass, now recorded: its multi landed.
+        self._announce_landed(schedule.name, last)
         if latest <= last:
             return True
         record, result = self._tick_record(schedule, latest)
+        # Until answered: a multi that lands with its answer lost (ConnectionLoss) is
+        # found recorded at the next pass, and announced there (_announce_landed).
+        self._unanswered_ticks[schedule.name] = (latest, result)
         results = self.store.submit_tick(self.fence, record, path, state, version)
+        self._unanswered_ticks.pop(schedule.name, None)
         failed = failures(results)
         if not failed:
             logger.info("schedule tick name=%s tick=%s job=%s", schedule.name,
@@ -784,6 +792,18 @@ class Leader:
         logger.warning("schedule tick refused name=%s error=%r", schedule.name, error)
         self._note_schedule_error(schedule, f"ZooKeeper refused the tick's job: {error!r}")
         return False
+
+    def _announce_landed(self, name: str, last) -> None:
+        """Send task_enqueued for a tick whose multi's answer was lost, once its state
+        shows that tick recorded and its job is there (it landed)."""
+        unanswered = self._unanswered_ticks.pop(name, None)
+        if unanswered is None or unanswered[0] != last:
+            return
+        result = unanswered[1]
+        if self.store.read_status(result.id) is not None:
+            logger.info("schedule tick name=%s tick=%s job=%s (its answer was lost; it "
+                        "landed)", name, last.isoformat(), result.id)
+            _announce(result)
 
     def _set_schedule(self, path: str, state: bytes, version: int | None) -> bool:
         """Write a schedule's state over the version read; False (read it again soon)

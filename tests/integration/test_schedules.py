@@ -56,6 +56,47 @@ def test_schedule_runs_one_job_per_tick(backend, start_worker, zk_client):
         task_enqueued.disconnect(receiver)
 
 
+def test_a_tick_whose_answer_was_lost_is_still_announced(backend, start_worker, zk_client,
+                                                         monkeypatch):
+    """The tick's multi lands and its answer is lost with the connection: the leader
+    found the tick recorded at its next pass and never sent task_enqueued for its job
+    (a submit() whose answer is lost does send it, after reading that it landed)."""
+    from kazoo.exceptions import ConnectionLoss
+
+    announced = set()
+
+    def receiver(sender, task_result, **kwargs):
+        announced.add(task_result.id)
+
+    worker = start_worker()
+    transaction, lost = worker.client.transaction, []
+
+    def answer_lost():
+        txn = transaction()
+        commit = txn.commit
+
+        def commit_then_lose():
+            ticking = any("/schedules/" in getattr(op, "path", "") for op in txn.operations)
+            results = commit()
+            if ticking and not lost and not any(isinstance(r, Exception) for r in results):
+                lost.append(results)
+                raise ConnectionLoss("the answer was lost (test)")
+            return results
+
+        txn.commit = commit_then_lose
+        return txn
+
+    task_enqueued.connect(receiver, weak=False)
+    try:
+        monkeypatch.setattr(worker.client, "transaction", answer_lost)
+        wait_until(lambda: lost and len(finished_ticks(zk_client, backend)) >= 3, 60,
+                   "three ticks, one of them with its answer lost")
+        ids = {r.id for r in finished_ticks(zk_client, backend)}
+        wait_until(lambda: ids <= announced, 30, "every tick's job announced")
+    finally:
+        task_enqueued.disconnect(receiver)
+
+
 def test_schedule_survives_a_leader_change_without_doubling(backend, start_worker, zk_client):
     first = start_worker(name="first")
     wait_until(lambda: first.leader is not None and first.leader.is_leader, 60, "a leader")
