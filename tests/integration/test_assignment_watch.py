@@ -35,8 +35,8 @@ def _count_listings(monkeypatch, thread_name: str) -> list[str]:
 
 @pytest.fixture
 def assignment_lists(monkeypatch):
-    """Listings by the worker's main loop (conftest's start_worker thread)."""
-    return _count_listings(monkeypatch, "test-worker")
+    """Listings by the worker's main loop (the thread zk_worker, the plugin's, runs it in)."""
+    return _count_listings(monkeypatch, "zk-worker")
 
 
 @pytest.fixture

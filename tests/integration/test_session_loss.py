@@ -159,7 +159,7 @@ def test_a_relist_asked_for_while_the_list_travels_is_not_lost(
     def list_meanwhile_asked_again(wanted, *args, **kwargs):
         found = children(wanted, *args, **kwargs)
         # The main loop's lists (it runs on the fixture's thread); not the leader's.
-        if wanted == path and threading.current_thread().name == "test-worker":
+        if wanted == path and threading.current_thread().name == "zk-worker":
             lists.append(found)
             if len(lists) == 1:
                 # As _recorded does, while this list was on its way.
