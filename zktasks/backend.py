@@ -114,9 +114,10 @@ class ZooKeeperBackend(BaseTaskBackend):
         return store
 
     def check(self, **kwargs):
-        misplaced = self._misplaced_keys()
-        if misplaced:
-            return misplaced
+        # All at once: one round trip to fix both keys beside OPTIONS and inside it.
+        return self._misplaced_keys() + self._option_errors()
+
+    def _option_errors(self) -> list:
         try:
             self.conf  # noqa: B018 - parsing is the check
         except ConfigurationError as exc:
@@ -141,17 +142,21 @@ class ZooKeeperBackend(BaseTaskBackend):
             return []
         where = f"TASKS[{self.alias!r}]"
         options = [key for key in unknown if key in OPTION_KEYS]
+        others = [key for key in unknown if key not in OPTION_KEYS]
+        errors = []
         if options:
-            return [checks.Error(
+            errors.append(checks.Error(
                 f"{where} has {options!r} beside OPTIONS, where nothing reads them.",
                 id="zktasks.E001",
                 hint=f"Move them into {where}['OPTIONS'], e.g. "
-                     f"{{'OPTIONS': {{{options[0]!r}: ...}}}}.")]
-        return [checks.Error(
-            f"{where} has unknown keys {unknown!r}; the known ones are "
-            f"{sorted(ENTRY_KEYS)!r}.", id="zktasks.E001",
-            hint="zktasks' own settings go in OPTIONS; see the TASKS example in zktasks' "
-                 "README.")]
+                     f"{{'OPTIONS': {{{options[0]!r}: ...}}}}."))
+        if others:
+            errors.append(checks.Error(
+                f"{where} has unknown keys {others!r}; the known ones are "
+                f"{sorted(ENTRY_KEYS)!r}.", id="zktasks.E001",
+                hint="zktasks' own settings go in OPTIONS; see the TASKS example in "
+                     "zktasks' README."))
+        return errors
 
     def _schedule_errors(self) -> list:
         """A schedule's task must import and take its args: otherwise the leader only

@@ -27,18 +27,33 @@ import time
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
-def format_last_resort() -> None:
+def format_last_resort(after: logging.Handler | None = None) -> None:
     """Give the records no handler takes (Python's last resort: WARNING and worse, as a
     bare message) our timestamped format, in a process whose project configures no
     logging: a task's own `logging.getLogger(__name__).warning(...)` then reads like the
     worker's lines. Only logging.lastResort changes, so a logger the project did
-    configure is left alone, and nothing is printed twice."""
+    configure is left alone, and nothing is printed twice.
+
+    `after`: a handler holding lines back (runworker's GroupingStreamHandler), flushed
+    before each such record, so that it never comes out ahead of earlier lines.
+    """
     if logging.getLogger().handlers:
         return  # the project's root handlers take everything that propagates
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _LastResort(sys.stderr, after=after)
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.lastResort = handler
+
+
+class _LastResort(logging.StreamHandler):
+    def __init__(self, stream, *, after: logging.Handler | None):
+        super().__init__(stream)
+        self.after = after
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.after is not None:
+            self.after.flush()
+        super().emit(record)
 
 
 class GroupingStreamHandler(logging.StreamHandler):

@@ -1332,6 +1332,9 @@ else:
         _revive(zookeeper)
         root = f"/zktasks-test-{secrets.token_hex(8)}"
         yield root
+        # A test that left the server down or frozen: deleting waited 30 s to connect
+        # (and failed); the next test would revive it anyway.
+        _revive(zookeeper)
         _delete_tree(zk_hosts, root)
 
     @pytest.fixture
@@ -1355,8 +1358,8 @@ else:
         pytest-django's `settings` (put back after the test).
 
         The project's own QUEUES and OPTIONS (AUTH, SIGNING_KEY, timeouts...) are kept,
-        but HOSTS and ROOT are the test's and TLS is dropped (the test server speaks
-        plain TCP). A project whose default backend is not zktasks gets zktasks' with
+        but HOSTS and ROOT are the test's, and TLS (the test server speaks plain TCP)
+        and SCHEDULES are dropped. A project whose default backend is not zktasks gets zktasks' with
         default options. Only this process sees the change: a `runworker` subprocess or
         a process-pool worker's task processes load the settings module afresh
         (`zk_worker` runs jobs on threads for that reason).
@@ -1365,7 +1368,10 @@ else:
         default = dict(tasks.get("default") or {})
         if not str(default.get("BACKEND", "")).startswith("zktasks."):
             default = {"BACKEND": "zktasks.backend.ZooKeeperBackend"}
-        options = {k: v for k, v in dict(default.get("OPTIONS") or {}).items() if k != "TLS"}
+        # Not TLS (the test server has none), nor SCHEDULES: a worker of the test would
+        # lead and run them during every test (a test of a schedule puts it back).
+        options = {k: v for k, v in dict(default.get("OPTIONS") or {}).items()
+                   if k not in ("TLS", "SCHEDULES")}
         options.update(HOSTS=zk_hosts, ROOT=zk_root)
         tasks["default"] = {**default, "OPTIONS": options}
         settings.TASKS = tasks

@@ -16,7 +16,9 @@ SETTINGS = """
             "QUEUES": ["default", "emails"],
             # Production's: unreachable from a test, and TLS the test server lacks.
             "OPTIONS": {"HOSTS": "127.0.0.1:1", "ROOT": "/production",
-                        "TLS": {"CA": "/etc/no-such-ca.pem"}, "SESSION_TIMEOUT": 5.0},
+                        "TLS": {"CA": "/etc/no-such-ca.pem"}, "SESSION_TIMEOUT": 5.0,
+                        "SCHEDULES": {"beat": {"task": "myproject_tasks.double",
+                                               "every": 1, "args": [1]}}},
         }
     }
 """
@@ -42,6 +44,7 @@ TEST = """
     def test_a_job_runs_on_the_tests_own_root(zk_settings, zk_worker, zk_client, zk_root):
         options = zk_settings.TASKS["default"]["OPTIONS"]
         assert options["ROOT"] == zk_root and "TLS" not in options
+        assert "SCHEDULES" not in options  # a worker of the test would run them
         assert options["SESSION_TIMEOUT"] == 5.0  # the project's own options are kept
         assert zk_settings.TASKS["default"]["QUEUES"] == ["default", "emails"]
         zk_worker(queues=["default", "emails"])
@@ -50,6 +53,19 @@ TEST = """
         # A job submitted by a job (on the worker's thread) lands on the test's root too.
         child_id = follow_up.submit(4).wait(timeout=60).return_value
         assert double.get_result(child_id).wait(timeout=60).return_value == 8
+
+
+    LEFT = {}
+
+
+    def test_one_that_leaves_the_server_down(zookeeper, zk_root, zk_client):
+        zk_client.ensure_path(f"{zk_root}/something")
+        LEFT["root"] = zk_root
+        zookeeper.stop()  # its root is still deleted afterwards (the server revived)
+
+
+    def test_the_next_one_finds_the_server_up_and_the_root_gone(zk_client):
+        assert LEFT["root"] and not zk_client.exists(LEFT["root"])
 
 
     def test_the_settings_are_the_projects_again_after_a_test():
@@ -71,4 +87,4 @@ def test_zk_settings_and_zk_worker_serve_another_project(pytester):
     # --ds: the command line wins over this suite's DJANGO_SETTINGS_MODULE, inherited.
     result = pytester.runpytest_subprocess("--ds", "myproject_settings",
                                            "-p", "no:cacheprovider", "-q")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=4)

@@ -492,6 +492,18 @@ def test_system_check_reports_keys_django_ignores(settings, params, says, hint):
     assert says in errors[0].msg and hint in errors[0].hint
 
 
+def test_system_check_reports_every_misplaced_and_unknown_key_at_once(settings):
+    from django.core import checks
+
+    settings.TASKS = {"default": {"BACKEND": "zktasks.backend.ZooKeeperBackend",
+                                  "HOSTS": "zk1:2181", "QUEUE": ["emails"],
+                                  "OPTIONS": {"HOST": "zk1:2181"}}}
+    errors = [e for e in checks.run_checks() if e.id.startswith("zktasks")]
+    assert [e.id for e in errors] == ["zktasks.E001"] * 3
+    assert ["beside OPTIONS" in errors[0].msg, "['QUEUE']" in errors[1].msg,
+            "'HOST'" in errors[2].msg] == [True] * 3
+
+
 def test_seconds_refuse_non_finite_and_absurd_durations():
     import argparse
 
@@ -565,6 +577,37 @@ def test_runworker_leaves_a_configured_logger_alone(bare_logging):
     assert zk.level == logging.WARNING and zk.handlers == []
     kazoo = logging.getLogger("kazoo")  # not configured: still gets formatted lines
     assert kazoo.level == logging.WARNING and len(kazoo.handlers) == 1
+
+
+def test_a_tasks_warning_never_comes_out_ahead_of_held_worker_lines(monkeypatch):
+    """runworker's handler holds INFO lines under load; the timestamped last resort
+    (a task's own warning) flushes them first, or the warning printed ahead of them."""
+    import io
+    import logging
+    import sys
+
+    from zktasks.loghandler import GroupingStreamHandler, format_last_resort
+
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    monkeypatch.setattr(logging, "lastResort", logging.lastResort)  # put back after
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # a project that configures no logging
+    held = GroupingStreamHandler(stream, delay=3600)  # holds all but a first line
+    held.setFormatter(logging.Formatter("%(message)s"))
+    format_last_resort(after=held)
+    try:
+        for message in ("job started", "job succeeded"):
+            held.handle(logging.makeLogRecord({"msg": message, "levelno": logging.INFO}))
+        assert "job succeeded" not in stream.getvalue()  # held
+        logging.lastResort.handle(logging.makeLogRecord(
+            {"msg": "from the task", "levelno": logging.WARNING, "levelname": "WARNING",
+             "name": "myapp.tasks"}))
+        lines = stream.getvalue().splitlines()
+        assert lines[:2] == ["job started", "job succeeded"]
+        assert lines[2].endswith("WARNING myapp.tasks from the task")
+    finally:
+        held.close()
 
 
 def test_a_delayed_name_whose_queue_no_queue_can_have_is_foreign():

@@ -187,4 +187,4 @@ class Command(BaseCommand):
             kazoo.setLevel(logging.INFO if verbosity >= 3 else logging.WARNING)
         # The tasks' own loggers (thread pool; task processes do the same): their
         # warnings read like ours instead of Python's bare last resort.
-        format_last_resort()
+        format_last_resort(after=handler)
