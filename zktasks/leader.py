@@ -185,6 +185,7 @@ class Leader:
         self._finished_watch = self._watch("finished")
         self._next_ticks: dict[str, float] = {}  # wall-clock times (epoch seconds)
         self._unanswered_ticks: dict[str, tuple] = {}  # name -> (tick, result) in flight
+        self._buckets_taken_up = False  # this term's (see _take_up_buckets)
         self._clock_offset = time.time() - time.monotonic()  # to see the clock set back
         self._listed_at: dict[str, float] = {}
         self._deferred: set[str] = set()
@@ -329,7 +330,7 @@ class Leader:
         self._unanswered_ticks.clear()  # what landed meanwhile may be another leader's
         for queue, limit in sorted(self.buckets.limits.items()):
             logger.info("rate limit queue=%s %s (for the whole cluster)", queue, limit.text)
-        self._take_up_buckets()
+        self._buckets_taken_up = False  # _tick takes them up before any hand-out
         self.mark("*")  # rule 6: a new leader reconciles from the whole tree
         last_full = time.monotonic()  # the mark just above is the first full read
         while not self.stop_event.is_set():
@@ -375,6 +376,11 @@ class Leader:
         self._load_shards(dirty)
         self._promote_due()
         self._run_schedules()
+        if not self._buckets_taken_up:
+            # Here, not at the term's start, so that ZooKeeper trouble is retried as any
+            # read of the tick is (not a term given up); nothing is handed out before.
+            self._take_up_buckets()
+            self._buckets_taken_up = True
         self._assign()
         self._note_unserved()
         self._expire_results(listed=bool(dirty & {"*", "finished"}))
@@ -732,6 +738,11 @@ class Leader:
         from datetime import timedelta
 
         path = self.layout.schedule(schedule.name)
+        if schedule.name in self._unanswered_ticks:
+            # Reconnected to a member that may not have applied our lost-answer multi
+            # yet: catch up first, or the tick would read as not recorded and its job's
+            # NodeExists as an earlier leader's (never announced).
+            self.client.sync(path)
         try:
             raw, stat = self.client.get(path)
         except NoNodeError:

@@ -53,6 +53,9 @@ class _LastResort(logging.StreamHandler):
     def emit(self, record: logging.LogRecord) -> None:
         if self.after is not None:
             self.after.flush()
+        # sys.stderr as it is now, as Python's own last resort writes: a redirect (or a
+        # stream replaced and closed since) would otherwise be missed for good.
+        self.stream = sys.stderr
         super().emit(record)
 
 

@@ -65,6 +65,21 @@ def _parse_field(text: str, name: str, low: int, high: int) -> frozenset[int]:
     return frozenset(values)
 
 
+# Days of the Gregorian calendar's whole cycle (400 years): every (day, month, weekday)
+# that ever comes comes within one. Five years were searched before: "0 0 29 2 */3"
+# (Feb 29 on a Sunday to Wednesday... every third weekday) can be 28 years apart.
+_CYCLE = timedelta(days=146_097)
+
+
+def _within_cycle(moment: datetime, direction: int) -> datetime:
+    """The far end of a search from `moment`: a cycle away, or the end of time."""
+    try:
+        return moment + direction * _CYCLE
+    except OverflowError:
+        end = datetime.max if direction > 0 else datetime.min
+        return end.replace(tzinfo=moment.tzinfo)
+
+
 @dataclass(frozen=True, slots=True)
 class Cron:
     """A 5-field cron expression in UTC: minute hour day-of-month month day-of-week."""
@@ -117,7 +132,7 @@ class Cron:
         rare expression ("0 0 29 2 *") took the leader one or two seconds per tick.
         """
         moment = when.replace(second=0, microsecond=0) + timedelta(minutes=1)
-        limit = moment + timedelta(days=366 * 5)  # a valid expression matches by then
+        limit = _within_cycle(moment, +1)
         while moment <= limit:
             if moment.month not in self.months:
                 first = moment.replace(day=1, hour=0, minute=0)
@@ -135,7 +150,7 @@ class Cron:
     def latest_at_or_before(self, when: datetime) -> datetime:
         """The last matching minute at or before `when` (skipping as next_after does)."""
         moment = when.replace(second=0, microsecond=0)
-        limit = moment - timedelta(days=366 * 5)
+        limit = _within_cycle(moment, -1)
         while moment >= limit:
             if moment.month not in self.months:
                 moment = moment.replace(day=1, hour=0, minute=0) - timedelta(minutes=1)

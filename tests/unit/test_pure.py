@@ -610,6 +610,26 @@ def test_a_tasks_warning_never_comes_out_ahead_of_held_worker_lines(monkeypatch)
         held.close()
 
 
+def test_the_timestamped_last_resort_writes_to_stderr_as_it_is_now(monkeypatch):
+    """Python's own last resort looks sys.stderr up at each record; ours kept the one of
+    its install, and missed a redirect (or wrote to a stream closed since)."""
+    import contextlib
+    import io
+    import logging
+
+    from zktasks.loghandler import format_last_resort
+
+    monkeypatch.setattr(logging, "lastResort", logging.lastResort)  # put back after
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    format_last_resort()
+    redirected = io.StringIO()
+    with contextlib.redirect_stderr(redirected):
+        logging.lastResort.handle(logging.makeLogRecord(
+            {"msg": "late", "levelno": logging.WARNING, "levelname": "WARNING",
+             "name": "myapp"}))
+    assert redirected.getvalue().endswith("WARNING myapp late\n")
+
+
 def test_a_delayed_name_whose_queue_no_queue_can_have_is_foreign():
     job_id = new_job_id()
     name = delayed_node_name(1_800_000_000_000, 0, job_id, "emails.v2")

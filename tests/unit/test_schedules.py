@@ -44,6 +44,12 @@ def test_rare_crons_skip_what_cannot_match():
     assert schedule.latest_tick(at(2028, 2, 28)) == at(2024, 2, 29)
     assert schedule.next_tick(at(2026, 11, 25)) == at(2028, 2, 29)
     assert schedule.latest_tick(at(2028, 2, 29)) == at(2028, 2, 29)
+    # Feb 29 on a Sunday, Wednesday or Saturday: years apart, past the five years
+    # searched before (it raised "never matches", and its one tick was swallowed).
+    [rare] = parse_schedules("default", {"x": {"task": "m.f", "cron": "0 0 29 2 */3"}})
+    assert rare.next_tick(at(2026, 11, 25)) == at(2032, 2, 29)
+    assert rare.latest_tick(at(2026, 11, 25)) == at(2020, 2, 29)
+    assert Cron.parse("0 12 31 12 */7").next_after(at(2035, 1, 1)) == at(2045, 12, 31, 12)
 
 
 @pytest.mark.parametrize("cron,match", [
