@@ -66,8 +66,9 @@ def _parse_field(text: str, name: str, low: int, high: int) -> frozenset[int]:
 
 
 # Days of the Gregorian calendar's whole cycle (400 years): every (day, month, weekday)
-# that ever comes comes within one. Five years were searched before: "0 0 29 2 */3"
-# (Feb 29 on a Sunday to Wednesday... every third weekday) can be 28 years apart.
+# that ever comes comes within one. Five years were searched before, and "0 0 29 2 */3"
+# (a Feb 29 that is a Sunday, Wednesday or Saturday) comes up to 12 years apart, and a
+# Feb 29 that is a Sunday, 28 to 40.
 _CYCLE = timedelta(days=146_097)
 
 

@@ -1359,10 +1359,10 @@ else:
 
         The project's own QUEUES and OPTIONS (AUTH, SIGNING_KEY, timeouts...) are kept,
         but HOSTS and ROOT are the test's, and TLS (the test server speaks plain TCP)
-        and SCHEDULES are dropped. A project whose default backend is not zktasks gets zktasks' with
-        default options. Only this process sees the change: a `runworker` subprocess or
-        a process-pool worker's task processes load the settings module afresh
-        (`zk_worker` runs jobs on threads for that reason).
+        and SCHEDULES are dropped. A project whose default backend is not zktasks gets
+        zktasks' with default options. Only this process sees the change: a
+        `runworker` subprocess or a process-pool worker's task processes load the
+        settings module afresh (`zk_worker` runs jobs on threads for that reason).
         """
         tasks = dict(getattr(settings, "TASKS", None) or {})
         default = dict(tasks.get("default") or {})
