@@ -702,8 +702,12 @@ class Worker:
             self._relist = False
             try:
                 persistent = self._watch_assignments(path)
-                current = set(self.store.children(
-                    path, watch=None if persistent else self._on_assignments))
+                # Bounded (see _read_own_znode): listed as the connection drops (right
+                # after registering, say), the read waited in kazoo's queue for
+                # ZooKeeper's return, and the main loop, a drain and a stop with it.
+                with self.store.bounded():
+                    current = set(self.store.children(
+                        path, watch=None if persistent else self._on_assignments))
             except TRANSIENT:
                 self._relist = True
                 return  # the state handler re-reads after reconnecting
