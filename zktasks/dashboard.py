@@ -400,12 +400,12 @@ class Reader:
                 notes[name] = f"its state cannot be read: {exc}" + (
                     " The leader moves it to the dead letters and starts the schedule "
                     "again from now." if name in configured else "")
-        jobs = {}
+        jobs, nexts = {}, {}  # of the schedules with a usable last tick
         for name, tick in list(lasts.items()):
             try:
                 jobs[name] = tick_job_id(name, tick)
                 if name in configured:
-                    configured[name].next_tick(tick)
+                    nexts[name] = configured[name].next_tick(tick)
             except (OverflowError, ValueError) as exc:
                 # A hand-made last tick at the ends of time ("9999-12-31T23:59:00+00:00"):
                 # one such row broke the whole Schedules page and `zktasks schedules`.
@@ -421,7 +421,7 @@ class Reader:
             paused = bool(state.get("paused"))
             next_tick, overdue = None, False
             if schedule is not None and not paused:
-                next_tick = schedule.next_tick(last if last is not None else now)
+                next_tick = nexts[name] if last is not None else schedule.next_tick(now)
                 overdue = next_tick < now - SCHEDULE_GRACE
             error_at = _time(state.get("error_at")) if state.get("error") else None
             rows.append(ScheduleRow(

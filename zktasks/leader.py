@@ -19,6 +19,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -1146,7 +1147,7 @@ class Leader:
                 ok = False
             if ok:
                 logger.info("rate limit queue=%s taken up: %.2f of %d tokens", queue,
-                            self.buckets.allowance(queue, now) or 0,
+                            self.buckets.state(queue, now)["tokens"],
                             self.buckets.limits[queue].burst)
             else:
                 logger.warning("rate limit queue=%s: the bucket kept at %s is unreadable; "
@@ -1208,11 +1209,8 @@ class Leader:
         self._unserved = unserved
 
     def _give_back(self, moves) -> None:
-        counts: dict[str, int] = {}
-        for queue, _, _ in moves:
-            counts[queue] = counts.get(queue, 0) + 1
         now = time.monotonic()
-        for queue, count in counts.items():
+        for queue, count in Counter(queue for queue, _, _ in moves).items():
             self.buckets.give_back(queue, count, now)
 
     def _explain_refusal(self, batch, failed) -> None:

@@ -56,8 +56,6 @@ def parse_rate(value, where: str) -> RateLimit:
                 f"{where} is {value!r}; give a rate such as '10/s', '100/m' or '500/h'.")
         count, period = _float(match[1], where), match[2] or "s"
         text = f"{match[1]}/{period}"
-    if not math.isfinite(count) and count > 0:
-        raise ConfigurationError(f"{where} is {value!r}, too large to be a rate.")
     if not math.isfinite(count) or count <= 0:
         raise ConfigurationError(
             f"{where} is {value!r}; the rate must be above 0 (to hold a queue's jobs, stop "
@@ -66,10 +64,14 @@ def parse_rate(value, where: str) -> RateLimit:
 
 
 def _float(value, where: str) -> float:
+    """float(value), refusing what no float holds: 10**400 (OverflowError) or inf."""
     try:
-        return float(value)
-    except OverflowError:  # an int beyond a float: 10**400
-        raise ConfigurationError(f"{where} is too large to be a rate.") from None
+        count = float(value)
+    except OverflowError:
+        count = math.inf
+    if count == math.inf:
+        raise ConfigurationError(f"{where} is too large to be a rate.")
+    return count
 
 
 def parse_rate_limits(alias: str, raw, queues) -> dict[str, RateLimit]:
