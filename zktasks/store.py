@@ -509,7 +509,7 @@ class Store:
         request per MULTI_READ_BATCH records (ZooKeeper's multiRead, multiread.py). The
         getter behaves like read_status: None for a missing record, CorruptRecord for
         garbage; a read cut off by the connection is tried again on its own, with
-        retries.
+        retries. Called inside `bounded()`, a getter gives up by its deadline.
         """
         ids = list(job_ids)
         if (len(ids) < 2 or getattr(self._local, "bound", None)
@@ -526,7 +526,7 @@ class Store:
         def result(job_id: str) -> Versioned | None:
             pending, index = slots[job_id]
             try:
-                answer = pending.get(timeout=self.options.session_timeout)[index]
+                answer = pending.get(timeout=self._answer_wait())[index]
             except (*TRANSIENT, self.raw_client.handler.timeout_exception):
                 return self.read_status(job_id)
             except (UnimplementedError, ValueError, struct.error) as exc:
@@ -540,6 +540,17 @@ class Store:
             return Versioned(StatusRecord.from_bytes(data, path=paths[job_id]), stat.version)
 
         return result
+
+    def _answer_wait(self) -> float:
+        """How long a getter of read_statuses waits for its answer before reading again:
+        the session timeout, and no later than the deadline of a `bounded()` block it is
+        called in (the reads were sent outside it, so that multiRead is used: see the
+        worker's _read_assignments). Past it, the read again is bounded too."""
+        wait = self.options.session_timeout
+        bound = getattr(self._local, "bound", None)
+        if bound is not None:
+            wait = max(0.0, min(wait, bound.limit - time.monotonic()))
+        return wait
 
     def _multi_read_works(self, path: str) -> bool:
         """Whether to send multiRead now: True once the server has answered one.
@@ -633,7 +644,7 @@ class Store:
         def result(job_id: str) -> Versioned | None:
             path = self.layout.status(job_id)
             try:
-                data, stat = pending[job_id].get(timeout=self.options.session_timeout)
+                data, stat = pending[job_id].get(timeout=self._answer_wait())
             except NoNodeError:
                 return None
             except (*TRANSIENT, self.client.handler.timeout_exception):

@@ -726,12 +726,17 @@ class Worker:
                 heapq.heapify(self._ready)
                 self._known -= taken_back
             new = present - self._known
+        # Sent unbounded (a bounded store reads one by one, without multiRead), waited
+        # for bounded: an answer lost with the connection was read again in kazoo's
+        # queue, and the main loop, a drain and a stop with it, waited for ZooKeeper's
+        # return (see _read_own_znode).
         fetch = self.store.read_statuses(sorted(new))
         ready = []
         try:
             for job_id in sorted(new):
                 try:
-                    found = fetch(job_id)
+                    with self.store.bounded():
+                        found = fetch(job_id)
                 except CorruptRecord as exc:
                     self._fail_corrupt(worker_id, job_id, exc)
                     continue

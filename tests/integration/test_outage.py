@@ -98,6 +98,43 @@ def test_the_prefetch_write_gives_up_on_a_frozen_server(zk_settings, own_server,
     assert json.loads(worker.client.get(path)[0])["prefetch"] == wanted
 
 
+def test_the_status_reads_of_new_assignments_give_up_on_a_frozen_server(
+        zk_settings, own_server, start_worker, caplog):
+    """The worker's main loop reads the status records of its new assignments. ZooKeeper
+    frozen (SIGSTOP) as they are sent: the answer waited the session timeout (30 s here),
+    then the read again waited in kazoo's queue for ZooKeeper's return, and the main loop
+    (a drain, a stop, every event) with it. It gives up at CONNECT_TIMEOUT now."""
+    worker = start_worker()
+    store = worker.store
+    original = store.read_statuses
+    frozen = threading.Event()
+    restore = impatient(store, 1.0)
+
+    def read_statuses(job_ids):
+        ids = list(job_ids)
+        if ids and not frozen.is_set():
+            own_server.pause()
+            frozen.set()
+        return original(ids)
+
+    store.read_statuses = read_statuses
+    try:
+        tasks.add.submit(1, 2)
+        tasks.add.submit(3, 4)
+        assert frozen.wait(30), "the worker never read its new assignments"
+        worker.stop(graceful=False)
+        # The main loop takes the stop while the server is still frozen; before the fix
+        # it did so only once the server was thawed. (The whole stop takes longer: kazoo's
+        # client.stop() waits for its connection attempt to the frozen server.)
+        wait_until(lambda: "worker stopping now" in caplog.text, timeout=20,
+                   message="the main loop waited for the frozen server")
+        assert "did not answer within 1s" in caplog.text
+    finally:
+        own_server.resume()
+        restore()
+    assert worker.wait_stopped(60)
+
+
 def test_outage_longer_than_the_session_re_registers_the_worker(zk_settings, own_server,
                                                                  start_worker, zk_root):
     from kazoo.client import KazooClient
