@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from kazoo.exceptions import KazooException, NoNodeError
 
 from . import records
+from .conf import MAX_RECORD_LIMIT
 from .exceptions import CorruptRecord, ZooKeeperUnavailableError
 from .store import TRANSIENT, Store, failures
 from .tree import dead_letter_name, parse_dead_letter_name
@@ -74,10 +75,15 @@ def one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def keep_bytes(store: Store) -> int:
+def keep_bytes(store: Store, beside: int = 0) -> int:
     """How much of the original an entry keeps: KEEP_BYTES, less where znodes are small
-    (base64 grows 4/3; 2,000 bytes are left for the rest of the entry)."""
-    return max(0, min(KEEP_BYTES, (store.options.max_record_bytes - 2_000) * 3 // 4))
+    (base64 grows 4/3; 2,000 bytes are left for the rest of the entry), and less where
+    the multi creating the entry also writes `beside` bytes: the whole request must stay
+    under jute.maxbuffer. Over it, the server drops the connection, and the multi was
+    sent again and again (a job near MAX_RECORD_BYTES whose signature failed stayed
+    READY for good, its worker reconnecting every few seconds)."""
+    room = min(store.options.max_record_bytes, MAX_RECORD_LIMIT - beside)
+    return max(0, min(KEEP_BYTES, (room - 2_000) * 3 // 4))
 
 
 def encode(path: str, raw: bytes | None, *, kind: str, reason: str, by: str,
@@ -118,8 +124,9 @@ def decode(name: str, raw: bytes | None, version: int = -1) -> DeadLetter:
 
 
 def entry(store: Store, path: str, raw: bytes | None, *, kind: str, reason: str, by: str,
-          job_id: str | None = None) -> tuple[str, bytes]:
+          job_id: str | None = None, beside: int = 0) -> tuple[str, bytes]:
     """Return (path, data) of a new entry about `path`, making sure its parent exists.
+    `beside`: bytes the multi carrying it writes besides (keep_bytes).
 
     Ensuring the parent costs a request, but only on this rare path: a tree made before
     the dead-letter place existed, or an operator who deleted it, must not make the
@@ -128,7 +135,7 @@ def entry(store: Store, path: str, raw: bytes | None, *, kind: str, reason: str,
     store.retry(store.client.ensure_path, store.layout.deadletter)
     at_ms = int(records.now().timestamp() * 1000)
     data = encode(path, raw, kind=kind, reason=reason, by=by, job_id=job_id,
-                  keep=keep_bytes(store))
+                  keep=keep_bytes(store, beside))
     return store.layout.dead_letter(dead_letter_name(at_ms)), data
 
 

@@ -1015,11 +1015,18 @@ class Worker:
                                           keys=self.options.verify_keys)
         except PayloadVerificationError as exc:
             # Failed as before, and noted in the dead letters (in the same multi) so that
-            # an operator can re-queue it once SIGNING_KEY is right.
+            # an operator can re-queue it once SIGNING_KEY is right. The entry keeps what
+            # room the failed record leaves in that multi (the record, payload and all,
+            # stays in status/, where a re-queue reads it).
             logger.error("payload refused job=%s: %s", job_id, exc)
-            note = deadletter.entry(
-                self.store, self.store.layout.status(job_id), record.to_bytes(),
-                kind="foreign_signature", reason=str(exc), by=worker_id, job_id=job_id)
+            reason = str(exc)
+
+            def note(beside: int) -> tuple[str, bytes]:
+                return deadletter.entry(
+                    self.store, self.store.layout.status(job_id), record.to_bytes(),
+                    kind="foreign_signature", reason=reason, by=worker_id,
+                    job_id=job_id, beside=beside)
+
             self._finish(item, record, version, Outcome(
                 ok=False, error=ErrorRecord.from_exception(exc, worker_id=worker_id)),
                 dead_letter=note)
@@ -1202,8 +1209,12 @@ class Worker:
 
     def _finish(self, item: _Queued, running: StatusRecord, version: int, outcome: Outcome,
                 *, call=None, dead_letter=None) -> None:
+        """Record an outcome; `dead_letter(bytes of the record)` makes an entry written
+        in the same multi."""
         worker_id, job_id = item.worker_id, item.job_id
         final, requeue = self._final_record(running, outcome, worker_id)
+        if dead_letter is not None:
+            dead_letter = dead_letter(len(final.to_bytes()))
         recorded = self.store.finish(worker_id, job_id, final, version, requeue=requeue,
                                      dead_letter=dead_letter)
         if recorded:

@@ -152,6 +152,34 @@ def test_a_payload_signed_with_another_key_is_failed_noted_and_requeued_once_fix
         fixed.requeue_dead_letter(letter.name)
 
 
+def test_a_job_near_the_size_limit_signed_with_another_key_is_failed_and_noted(
+        settings, backend, start_worker, zk_client):
+    """The failed record and its entry are written in one multi. With a record near
+    MAX_RECORD_BYTES, the entry's copy of it took the request over jute.maxbuffer: the
+    server dropped the worker's connection at every try, and the job stayed READY for
+    good. The entry now keeps what room the record leaves."""
+    from zktasks.backend import ZooKeeperBackend
+
+    params = {**settings.TASKS["default"]}
+    params["OPTIONS"] = {**params["OPTIONS"], "SIGNING_KEY": "the-other-key"}
+    foreign = ZooKeeperBackend("default", params)
+    limit = foreign.store.options.max_record_bytes
+    size = 600_000
+    record, _ = foreign.prepare(tasks.add, (b"", b"x" * size), {})
+    size += (limit - 4_000 - len(record.to_bytes())) * 3 // 4  # base64: 4 bytes per 3
+    job = foreign.enqueue(tasks.add, (b"", b"x" * size), {})
+    stored = len(zk_client.get(backend.store.layout.status(job.id))[0])
+    assert limit - 8_000 < stored <= limit
+    start_worker()
+    result = backend.wait(job.id, timeout=30)
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class_path.endswith("PayloadVerificationError")
+    letter = wait_for_entry(backend, zk_client, backend.store.layout.status(job.id))
+    assert letter.kind == "foreign_signature" and letter.job_id == job.id
+    assert letter.truncated and letter.size > stored - 100
+    run_normal_jobs()
+
+
 @pytest.mark.parametrize("content", [
     "\xff\xfe not json",
     # Decodes, but names no pending job: building its path raised ValueError, which
