@@ -52,6 +52,18 @@ def clip(text: str, chars: int, encoded: int, *, keep_end: bool = False) -> str:
     return text
 
 
+def encodable(text: str) -> str:
+    """`text` with lone surrogates written as escapes ('\\udce9'). They come from
+    os.fsdecode() of a file name that is not UTF-8, or JSON's "\\ud83d", and no UTF-8
+    page or terminal can show them: one in an error message made the job page and the
+    whole Results list answer 500, and `zktasks show` exit with a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorRecord:
     exception_class_path: str
@@ -71,9 +83,9 @@ class ErrorRecord:
             message = "<exception str() failed>"  # what the traceback module writes
         return cls(
             exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-            message=clip(message, MAX_MESSAGE_CHARS, MAX_MESSAGE_BYTES),
-            traceback=clip("".join(traceback.format_exception(exc)), MAX_TRACEBACK_CHARS,
-                           MAX_TRACEBACK_BYTES, keep_end=True),
+            message=clip(encodable(message), MAX_MESSAGE_CHARS, MAX_MESSAGE_BYTES),
+            traceback=clip(encodable("".join(traceback.format_exception(exc))),
+                           MAX_TRACEBACK_CHARS, MAX_TRACEBACK_BYTES, keep_end=True),
             attempt=attempt,
             worker_id=worker_id,
         )
@@ -269,6 +281,9 @@ def _error(data: dict) -> ErrorRecord:
             raise ValueError(f"an error's {key!r} is a {type(data[key]).__name__}")
     if "attempt" in data and not _whole(data["attempt"]):
         raise ValueError("an error's 'attempt' is not a whole number")
+    for key in ("message", "traceback", "exception_class_path", "worker_id"):
+        if key in data:  # written before encodable() was, or by hand
+            data[key] = encodable(data[key])
     return ErrorRecord(**data)
 
 

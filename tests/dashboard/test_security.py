@@ -126,3 +126,37 @@ def test_a_record_of_an_odd_shape_breaks_no_page(admin_client, backend, start_wo
         assert response.status_code == 200, page
     html = admin_client.get(url("zktasks_job_change", odd_extra.id)).content.decode()
     assert "not a dict" not in html and "status record" in html
+
+
+def test_an_error_with_a_lone_surrogate_breaks_no_page(admin_client, backend, start_worker,
+                                                       zk_client):
+    """A file name that is not UTF-8, through os.fsdecode(), gives a lone surrogate: in an
+    error message it made the job page and the whole Results list answer 500, and
+    `zktasks show` fail on a UTF-8 terminal. It is shown as an escape; so is one in a
+    record written before that (or by hand)."""
+    import io
+    import json
+    import os
+
+    from django.core.management import call_command
+
+    start_worker()
+    name = os.fsdecode(b"caf\xe9.txt")
+    job = dash_tasks.raise_text.submit(f"cannot import {name}")
+    assert "cannot import caf\\udce9.txt" in job.wait(timeout=30).errors[-1].traceback
+    older = dash_tasks.raise_text.submit("older")
+    older.wait(timeout=30)
+    path = backend.store.layout.status(older.id)
+    data = json.loads(zk_client.get(path)[0])
+    data["errors"][-1]["message"] = "older caf\udce9"
+    zk_client.set(path, json.dumps(data).encode())  # ASCII JSON: "\udce9"
+    for shown in (job, older):
+        for page in (url("zktasks_job_change", shown.id), url("zktasks_job_changelist")):
+            response = admin_client.get(page)
+            assert response.status_code == 200, page
+        assert "caf\\udce9" in admin_client.get(
+            url("zktasks_job_change", shown.id)).content.decode()
+        terminal = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
+        call_command("zktasks", "show", shown.id, stdout=terminal)
+        terminal.flush()
+        assert b"caf\\udce9" in terminal.buffer.getvalue()
