@@ -295,6 +295,40 @@ def test_open_files_are_refused_at_submit(backend, zk_client, tmp_path):
     assert tasks.add.submit(path.read_bytes(), str(path)).id  # bytes and a path travel
 
 
+def test_open_files_reached_only_by_pickling_are_refused(backend, zk_client, start_worker,
+                                                         tmp_path):
+    """A file in a lambda's closure, a partial's arguments, a bound method's object or
+    an argument's attribute: the scan of the arguments cannot see it, and it was
+    accepted, then failed on the worker, or (its path gone) read nothing and succeeded.
+    dill now refuses it as it gets to it. A return value holding one fails its job."""
+    import functools
+
+    from django.core.files.uploadedfile import TemporaryUploadedFile
+
+    from zktasks import submit
+
+    upload = TemporaryUploadedFile("data.csv", "text/csv", 8, "utf-8")
+    upload.write(b"a,b\n1,2\n")
+    path = tmp_path / "report.csv"
+    path.write_text("a,b\n")
+    with open(path, "rb") as opened:
+        for make in (lambda: submit(lambda: tasks.read_all.func(opened)),
+                     lambda: submit(functools.partial(tasks.read_all.func, upload)),
+                     lambda: submit(tasks.Holder(opened).read),
+                     lambda: tasks.read_all.submit(tasks.Holder(upload)),
+                     lambda: submit(tasks.join_with, b"", {"files": [[opened]]})):
+            with pytest.raises(SerializationError,
+                               match=r"open file \(\w+ '.*(report|upload)\.csv'\) inside"):
+                make()
+    upload.close()
+    assert tree_is_empty(backend, zk_client)
+
+    start_worker()
+    result = tasks.returns_an_open_file.submit(str(path)).wait(timeout=30)
+    assert result.status == TaskResultStatus.FAILED
+    assert "holds an open file" in result.errors[-1].traceback
+
+
 def test_in_memory_files_travel_by_value(backend, start_worker):
     """Only objects backed by an OS file are refused: these pickle by value."""
     import io
