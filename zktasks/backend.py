@@ -414,8 +414,7 @@ class ZooKeeperBackend(BaseTaskBackend):
         return await sync_to_async(self.get_result, thread_sensitive=False)(result_id)
 
     def get_result(self, result_id):
-        if not isinstance(result_id, str) or not is_job_id(result_id):
-            raise JobNotFound(f"No job has the id {result_id!r}.")
+        _known_shape(result_id)
         self._release(result_id)
         store = self.store
         found = self._bounded(
@@ -510,6 +509,7 @@ class ZooKeeperBackend(BaseTaskBackend):
 
     def wait(self, job_id: str, timeout: float | None = None):
         """Block on the job's own status znode (rule 7: no herd) until it finishes."""
+        _known_shape(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         self._release(job_id)
         changed = threading.Event()
@@ -525,6 +525,7 @@ class ZooKeeperBackend(BaseTaskBackend):
     async def await_result(self, job_id: str, timeout: float | None = None):
         """wait() for async code: the same watch resolves an asyncio event, and each read
         runs on a thread of its own, so the loop is never blocked."""
+        _known_shape(job_id)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else time.monotonic() + timeout
         self._release(job_id)  # a commit_async: nothing here waits on ZooKeeper
@@ -614,6 +615,7 @@ class ZooKeeperBackend(BaseTaskBackend):
         terminated); a job not started yet on that worker never starts. A finished job:
         True if it was cancelled before, False otherwise.
         """
+        _known_shape(job_id)
         self._release(job_id)
         store = self.store
         return self._bounded(
@@ -799,6 +801,7 @@ class ZooKeeperBackend(BaseTaskBackend):
 
     def retry(self, job_id: str) -> bool:
         """Send a FAILED job back to pending for one more attempt; False if not FAILED."""
+        _known_shape(job_id)
         store = self.store
         return self._bounded(
             store, lambda: self._retry(store, job_id),
@@ -1247,6 +1250,14 @@ def _local(value: datetime | None) -> datetime | None:
 _UNKNOWN = object()
 WAIT_READ_FLOOR = 1.0  # seconds a wait()'s read of the status may take, however short
 _warned_in_task = threading.Event()
+
+
+def _known_shape(job_id) -> None:
+    """Raise JobNotFound for what cannot be a job id ("../x", "", None), before it goes
+    into a path: kazoo raised ValueError ("relative paths not allowed") from wait(),
+    cancel() and retry(), where get_result() said there is no such job."""
+    if not isinstance(job_id, str) or not is_job_id(job_id):
+        raise JobNotFound(f"No job has the id {job_id!r}.")
 
 
 def _warn_if_in_task(job_id: str) -> None:

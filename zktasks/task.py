@@ -28,6 +28,14 @@ def _same_definition(copy, func) -> bool:
             == (own.co_filename, own.co_firstlineno, own.co_code))
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ZkTask(Task):
     """A django.tasks Task with zktasks' controls; works on any configured backend."""
@@ -84,9 +92,11 @@ class ZkTask(Task):
             )
         if self.unique_key is not None and (
             not isinstance(self.unique_key, str) or not self.unique_key
+            or not _utf8(self.unique_key)  # a lone surrogate: it names a znode in UTF-8
         ):
             raise InvalidTaskError(
-                f"unique_key is {self.unique_key!r}; give a non-empty string or None."
+                f"unique_key is {self.unique_key!r}; give a non-empty string (that UTF-8 "
+                "can encode) or None."
             )
         if self.retry_on is not None:
             if isinstance(self.retry_on, type):

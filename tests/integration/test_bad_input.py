@@ -435,3 +435,24 @@ def test_a_retry_whose_answer_was_lost_says_it_sent_the_job_back(
     assert lost and lagging
     assert backend.get_result(job.id).status == TaskResultStatus.READY
     assert len(pending_nodes(zk_client, store.layout)) == 1
+
+
+@pytest.mark.parametrize("bad", ["../x", "", None, "a" * 32 + "/"])
+def test_what_cannot_be_a_job_id_is_no_such_job_everywhere(backend, bad):
+    """wait(), cancel() and retry() put the id into a path: kazoo raised ValueError
+    ("relative paths not allowed"), where get_result() said there is no such job."""
+    import asyncio
+
+    for call in (backend.get_result, lambda i: backend.wait(i, timeout=1), backend.cancel,
+                 backend.retry, lambda i: asyncio.run(backend.await_result(i, timeout=1))):
+        with pytest.raises(JobNotFound, match="No job has the id"):
+            call(bad)
+
+
+def test_a_unique_key_utf8_cannot_encode_is_refused_where_the_task_is_built(backend,
+                                                                             zk_client):
+    """A lone surrogate (from os.fsdecode, say) raised a bare UnicodeEncodeError from
+    deep in submit."""
+    with pytest.raises(InvalidTaskError, match="unique_key"):
+        tasks.add.using(unique_key="report-\udce9")
+    assert tree_is_empty(backend, zk_client)
