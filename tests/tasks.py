@@ -459,3 +459,8 @@ class Holder:
 @zk_task
 def returns_an_open_file(path):
     return Holder(open(path))  # noqa: SIM115 - the point: a file the caller cannot use
+
+
+@zk_task
+def returns_bytes(size):
+    return b"x" * size

@@ -359,6 +359,10 @@ class ZooKeeperBackend(BaseTaskBackend):
             policy=serialization.RetryPolicy(getattr(task, "backoff", None),
                                              getattr(task, "retry_on", None)),
         )
+        # The payload is the pickle in base64 (4/3 of it) in the record: a pickle too
+        # large already is refused now, before the envelope's and the JSON's copies,
+        # each as large again (a 200 MB argument took 1 GB before it was refused).
+        self.store.check_job_size(task.module_path, len(blob) * 4 // 3, at_least=True)
         conf = self.conf
         record = StatusRecord(
             id=job_id,

@@ -484,12 +484,16 @@ class Store:
             f"Could not create a batch of {len(chunk)} jobs; try again.")
 
     def check_size(self, record: StatusRecord, size: int) -> None:
+        self.check_job_size(record.task, size)
+
+    def check_job_size(self, task: str, size: int, *, at_least: bool = False) -> None:
         limit = self.options.max_record_bytes
         if size > limit:
             raise PayloadTooLarge(
-                f"Task {record.task!r} cannot be submitted: its job is {size:,} bytes once "
-                f"encoded, over the {limit:,} bytes a znode may hold here (ZooKeeper's "
-                "jute.maxbuffer); pass a reference (a primary key, a file path) instead."
+                f"Task {task!r} cannot be submitted: its job is {'at least ' * at_least}"
+                f"{size:,} bytes once encoded, over the {limit:,} bytes a znode may hold "
+                "here (ZooKeeper's jute.maxbuffer); pass a reference (a primary key, a "
+                "file path) instead."
             )
 
     # -- reads ---------------------------------------------------------------------

@@ -1243,18 +1243,22 @@ class Worker:
         now = records.now()
         key = self.options.signing_key
         if outcome.ok:
-            final = running.evolve(
-                state=records.SUCCESSFUL, finished_at=now,
-                result=envelope.seal(outcome.value_blob, job_id=running.id,
-                                     kind=envelope.RESULT, key=key),
-            )
-            size = len(final.to_bytes())
+            # In base64 (4/3) in the record: a value too large already is refused before
+            # the envelope's and the JSON's copies, each as large again, in this process.
+            size = len(outcome.value_blob) * 4 // 3
             if size <= self.options.max_record_bytes:
-                return final, False
+                final = running.evolve(
+                    state=records.SUCCESSFUL, finished_at=now,
+                    result=envelope.seal(outcome.value_blob, job_id=running.id,
+                                         kind=envelope.RESULT, key=key),
+                )
+                size = len(final.to_bytes())
+                if size <= self.options.max_record_bytes:
+                    return final, False
             outcome = Outcome(ok=False, error=ErrorRecord.from_exception(PayloadTooLarge(
-                f"The return value of job {running.id!r} makes its record {size:,} bytes, over "
-                f"the {self.options.max_record_bytes:,} a znode may hold here; return a "
-                "reference (a primary key, a file path) instead."
+                f"The return value of job {running.id!r} makes its record {size:,} bytes "
+                f"or more, over the {self.options.max_record_bytes:,} a znode may hold "
+                "here; return a reference (a primary key, a file path) instead."
             )))
         error = outcome.error
         error = ErrorRecord(

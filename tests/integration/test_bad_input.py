@@ -102,6 +102,35 @@ def test_payload_over_the_znode_limit_says_size_and_limit(backend, zk_client):
     assert tree_is_empty(backend, zk_client)
 
 
+def test_a_payload_far_over_the_limit_is_refused_before_it_is_copied(backend, zk_client,
+                                                                     monkeypatch):
+    """The pickle is checked before its envelope and the record's JSON are made, each as
+    large again: a 200 MB argument took 1 GB of memory before it was refused, which
+    can get a web process killed for its memory."""
+    from zktasks import envelope
+
+    def seal(*args, **kwargs):
+        raise AssertionError("an envelope was made of a payload already too large")
+
+    monkeypatch.setattr(envelope, "seal", seal)
+    with pytest.raises(PayloadTooLarge, match="at least 6,66"):
+        tasks.add.submit(b"x" * 5_000_000, b"")
+    assert tree_is_empty(backend, zk_client)
+
+
+def test_a_return_value_over_the_limit_fails_its_job_and_the_worker_goes_on(
+        backend, start_worker):
+    """Refused by its pickle's size, before the envelope's and the JSON's copies (each
+    as large again, in the worker's own process)."""
+    start_worker()
+    result = tasks.returns_bytes.submit(5_000_000).wait(timeout=60)
+    assert result.status == TaskResultStatus.FAILED
+    error = result.errors[-1]
+    assert error.exception_class_path == "zktasks.exceptions.PayloadTooLarge"
+    assert "6,66" in error.traceback and "or more" in error.traceback
+    assert tasks.returns_bytes.submit(100_000).wait(timeout=30).return_value == b"x" * 100_000
+
+
 def test_unknown_queue_is_refused(settings, zk_hosts, zk_root, zk_client):
     settings.TASKS = zk_tasks_setting(zk_hosts, zk_root, queues=["default", "emails"])
     with pytest.raises(InvalidTaskError, match=r"^Queue 'nope' is not valid for backend\."):
