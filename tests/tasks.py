@@ -464,3 +464,8 @@ def returns_an_open_file(path):
 @zk_task
 def returns_bytes(size):
     return b"x" * size
+
+
+@zk_task
+def echo(value):
+    return value

@@ -6,6 +6,7 @@ a test module) travel by value, as dill's serialized Runnable of the seed did.
 """
 
 import builtins
+import contextlib
 import dataclasses
 import datetime
 import decimal
@@ -279,6 +280,10 @@ def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = Non
             "worker would have to open again by its path. Save it to storage the workers "
             "share and pass the name, or pass its bytes.") from None
     except Exception as exc:
+        if (isinstance(exc, RecursionError) and isinstance(spec, FunctionRef)
+                and _plain_policy(policy) and _plain_nested(call[1:3])):
+            with contextlib.suppress(RecursionError):
+                return _fast_dumps(call)
         culprit = _find_culprit(spec, args, kwargs)
         raise SerializationError(
             f"Task {task_path!r} cannot be submitted: {culprit} cannot be serialized by dill "
@@ -310,6 +315,29 @@ def _plain(value, depth: int = 0) -> bool:
     if kind is dict:
         return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
     return False
+
+
+def _plain_nested(value, items: int = 1_000_000) -> bool:
+    """_plain without its depth limit (a stack of its own), for data nested deeper than
+    dill's pickler, in Python, can follow: a dict of lists 150 deep raised
+    RecursionError there, where the C pickler (and Django's JSON) go past 400."""
+    stack = [value]
+    while stack:
+        items -= 1
+        if items < 0:
+            return False  # a list that holds itself, or simply too much to be worth it
+        item = stack.pop()
+        kind = type(item)
+        if kind in _PLAIN_TYPES:
+            continue
+        if kind in (list, tuple, set, frozenset):
+            stack.extend(item)
+        elif kind is dict:
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        else:
+            return False
+    return True
 
 
 def _plain_policy(policy: "RetryPolicy") -> bool:
@@ -471,6 +499,13 @@ def dump_value(value) -> bytes:
         return _fast_dumps(value)
     try:
         return _dill_dumps(value)
+    except RecursionError:
+        if _plain_nested(value):  # see dump_call
+            with contextlib.suppress(RecursionError):
+                return _fast_dumps(value)
+        raise SerializationError(
+            f"The return value ({type(value).__qualname__}) is nested too deep to be "
+            "serialized; return something flatter.") from None
     except _OpenFileFound as found:
         raise SerializationError(
             f"The return value ({type(value).__qualname__}) holds an open file "

@@ -485,3 +485,25 @@ def test_a_unique_key_utf8_cannot_encode_is_refused_where_the_task_is_built(back
     with pytest.raises(InvalidTaskError, match="unique_key"):
         tasks.add.using(unique_key="report-\udce9")
     assert tree_is_empty(backend, zk_client)
+
+
+def test_plain_data_nested_deeper_than_dill_follows_travels(backend, start_worker):
+    """dill's pickler, in Python, ran out of stack about 150 levels down, where the C
+    pickler and Django's own JSON-based backends go on; plain data takes the C pickler
+    then, both ways. What no pickler can follow is still a clear SerializationError."""
+    def nested(depth):
+        value = "leaf"
+        for level in range(depth):
+            value = {"k": [value, level]}
+        return value
+
+    import dataclasses
+
+    # By reference, as a task of an installed app travels (those of tests/ go by value).
+    echo = dataclasses.replace(tasks.echo, by_value=False)
+    start_worker()
+    deep = nested(300)
+    result = echo.submit(deep).wait(timeout=30)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == deep
+    with pytest.raises(SerializationError, match="cannot be serialized"):
+        echo.submit(nested(100_000))
