@@ -629,6 +629,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             "is, and cancel it again if it has not finished.")
 
     def _cancel(self, store: Store, job_id: str, force: bool) -> bool:
+        store.catch_up()  # decide on the job as it is now (a retry just made elsewhere)
         found = store.read_status(job_id)
         if found is None:
             raise JobNotFound(f"No job has the id {job_id!r}.")
@@ -695,6 +696,7 @@ class ZooKeeperBackend(BaseTaskBackend):
                 progress(cancelled)
 
         def run() -> int:
+            store.catch_up()  # with the jobs other processes have just submitted
             try:
                 names = store.children(layout.queue(queue))
             except NoNodeError:
@@ -814,6 +816,7 @@ class ZooKeeperBackend(BaseTaskBackend):
             "pending again before retrying once more.")
 
     def _retry(self, store: Store, job_id: str) -> bool:
+        store.catch_up()  # see _cancel
         found = store.read_status(job_id)
         if found is None:
             raise JobNotFound(f"No job has the id {job_id!r}.")
@@ -921,6 +924,7 @@ class ZooKeeperBackend(BaseTaskBackend):
     def _discard_dead_letter(self, store: Store, name: str) -> "Discarded":
         from . import deadletter
 
+        store.catch_up()  # see _cancel
         letter = deadletter.read(store, name)
         if letter is None:
             return Discarded(False)
@@ -988,6 +992,7 @@ class ZooKeeperBackend(BaseTaskBackend):
     def _requeue_dead_letter(self, store: Store, name: str) -> str:
         from . import deadletter
 
+        store.catch_up()  # see _cancel
         letter = deadletter.read(store, name)
         if letter is None:
             raise DeadLetterRefused(f"No dead-letter entry {name!r} (re-queued or discarded "
@@ -1105,6 +1110,7 @@ class ZooKeeperBackend(BaseTaskBackend):
     def _drain_worker(self, store: Store, worker_id: str) -> bool:
         if not is_znode_name(worker_id):  # "..", "a/b": no worker can have that id
             return False
+        store.catch_up()  # a worker another process lists: it may have just registered
         data = store.update_worker(worker_id, mark_draining)
         return bool(data and data.get("draining"))
 

@@ -726,6 +726,12 @@ class Reader:
         path = self.layout.status(job_id)
         found = self.get(path)
         if found is None:
+            # Caught up first (Store.catch_up): a job another process has just submitted
+            # may not have reached this process's member yet (a 404 for a job that is).
+            with self.store.bounded(READ_DEADLINE):
+                self.store.catch_up()
+            found = self.get(path)
+        if found is None:
             return None
         record = StatusRecord.from_bytes(found[0], path=path)
         verified, why = False, ""

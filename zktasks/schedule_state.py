@@ -54,6 +54,7 @@ def _update(store, name: str, change) -> bool:
     """Apply `change(state) -> new state or None (no change)`; return whether it wrote."""
     path = store.layout.schedule(name)
     tried = None
+    store.catch_up()  # as the last pause or resume left it, whoever made it
     for _ in range(ATTEMPTS):
         state, version = read(store, name)
         if tried is not None and state == tried:

@@ -498,12 +498,34 @@ class Store:
 
     # -- reads ---------------------------------------------------------------------
 
+    def catch_up(self) -> None:
+        """Have this process's ZooKeeper member apply every write committed before now
+        (sync), so that the reads after it see what other processes wrote.
+
+        ZooKeeper promises a session its own writes, not those of other sessions: a
+        member may trail the ensemble's leader (by up to syncLimit × tickTime). Read
+        from one that trails, a job another web process had just submitted was "no
+        such job" (get_result, wait, cancel; the job then ran), and an operator's
+        action right after another's was decided on the state before it (a cancel
+        after a retry did nothing; a schedule resumed, then paused, kept ticking). For
+        reads that found nothing and for operator actions: one round trip, never on a
+        job's way through the cluster.
+        """
+        self.retry(self.client.sync, self.layout.root)
+
     def read_status(self, job_id: str, watch=None) -> Versioned | None:
+        """The job's status record, or None if it has none, once caught up (catch_up):
+        a job id comes from another process, which may have written it to a member
+        ahead of ours."""
         path = self.layout.status(job_id)
         try:
             data, stat = self.retry(self.client.get, path, watch=watch)
         except NoNodeError:
-            return None
+            self.catch_up()
+            try:
+                data, stat = self.retry(self.client.get, path, watch=watch)
+            except NoNodeError:
+                return None
         return Versioned(StatusRecord.from_bytes(data, path=path), stat.version)
 
     def read_statuses(self, job_ids: Iterable[str]) -> Callable[[str], Versioned | None]:
