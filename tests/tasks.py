@@ -469,3 +469,54 @@ def returns_bytes(size):
 @zk_task
 def echo(value):
     return value
+
+
+@zk_task(timeout=30 * 86400)
+def weeks_allowed(value):
+    """A time limit of 30 days: over 2**31 ms, which poll() cannot wait in one go."""
+    return value
+
+
+@zk_task
+def forks_a_child_that_exits(marker_dir):
+    """Forks; the child ends with sys.exit() (not os._exit()), as code written for a
+    script would. The parent reaps it and returns the child's exit status."""
+    import sys
+
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # into zktasks' own code: it must not go on as a task process
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    Path(marker_dir, "stuck").write_text(str(pid))
+    os.kill(pid, 9)
+    return "the forked child never ended"
+
+
+@zk_task
+def dies_leaving_a_child(marker_dir):
+    """Starts a forked child that outlives it, then dies: the child holds the task
+    process's pipe open."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,))
+    child.start()
+    Path(marker_dir, "child").write_text(str(child.pid))
+    os._exit(3)
+
+
+@zk_task
+def ignores_alarms():
+    import signal
+
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    return "alarms ignored"
+
+
+@zk_task(timeout=1)
+def sleeps_past_its_limit(seconds):
+    time.sleep(seconds)

@@ -77,6 +77,7 @@ def execute(execution: Execution, *, in_thread_pool: bool = False) -> Outcome:
     from .records import StatusRecord
 
     call = None
+    owner = os.getpid()
     context.begin(execution.job_id)
     try:
         call = serialization.load_call(execution.blob)
@@ -96,11 +97,13 @@ def execute(execution: Execution, *, in_thread_pool: bool = False) -> Outcome:
             finally:
                 _in_task.active = False
     except BaseException as exc:  # a task's SystemExit is its failure, not ours
+        _leave_if_forked(owner, 1)
         delay = None
         if call is not None:
             delay = retry_delay(call.policy, execution.attempt, exc)
         return Outcome(ok=False, error=ErrorRecord.from_exception(exc), retry_delay=delay)
     else:
+        _leave_if_forked(owner, 0)
         try:
             return Outcome(ok=True, value_blob=serialization.dump_value(value))
         except BaseException as exc:
@@ -116,6 +119,20 @@ def execute(execution: Execution, *, in_thread_pool: bool = False) -> Outcome:
             close_old_connections()
         except Exception:
             logger.debug("closing database connections failed", exc_info=True)
+
+
+def _leave_if_forked(owner: int, code: int) -> None:
+    """End a process the task forked that returned or raised into zktasks (a child
+    ended by sys.exit() or an exception, not os._exit()). Going on, it was a second
+    task process on the same pipe: it reported the job in its parent's stead and took
+    the next job, so the worker recorded one job's return value as another's. In the
+    thread pool it was a copy of the whole worker, stuck in a ZooKeeper call."""
+    if os.getpid() != owner:
+        try:
+            os.write(2, b"zktasks: a process forked by a task went on past the task; it "
+                        b"exits here (end a forked child with os._exit()).\n")
+        finally:
+            os._exit(code)
 
 
 def _run_coroutine(func, args, kwargs, timeout: float | None):
@@ -263,6 +280,7 @@ _READY_FORKED = "ready, forked"  # the same, from a fork of a set-up fork server
 # a task process ignores them, and they are blocked from before its start until then.
 _GROUP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 READY_TIMEOUT = 120.0  # seconds a new task process may take to set up Django
+WAIT_SLICE = 86400.0  # seconds of one wait for an outcome (poll() takes 2**31 ms at most)
 
 
 def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
@@ -321,6 +339,9 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
                 continue
             context.set_current_run(number)
             if execution.timeout:
+                # Again for each run: a task that set SIGALRM's handler (or ignored it)
+                # turned the soft limit off for the runs after it in this process.
+                signal.signal(signal.SIGALRM, _on_soft_timeout)
                 signal.setitimer(signal.ITIMER_REAL, execution.timeout)
             try:
                 outcome = execute(execution)
@@ -565,7 +586,7 @@ class _Slot:
         try:
             if conn is None:
                 raise EOFError("the task process was stopped")
-            if not conn.poll(hard_limit):
+            if not self._wait_outcome(conn, hard_limit):
                 self.kill()
                 return _failure(TaskTimeout(
                     f"Job {execution.job_id!r} ran past its {execution.timeout:g}s time "
@@ -583,6 +604,41 @@ class _Slot:
                 f"The task process running job {execution.job_id!r} exited with "
                 f"{_describe_exit(code)} before reporting an outcome."
             ))
+        except Exception as exc:
+            # A fault of ours while waiting, not the task's: the task process may still
+            # be on the job, and its outcome, read later, would be taken for the next
+            # job's. It is killed, and the job fails with the error.
+            logger.exception("could not wait for job=%s; its task process is killed",
+                             execution.job_id)
+            self.kill()
+            return _failure(exc)
+
+    def _wait_outcome(self, conn, limit: float | None) -> bool:
+        """Wait until the pipe has the outcome (or is closed): True; False after `limit`
+        seconds. EOFError if the task process exits without sending one.
+
+        Not conn.poll(limit) alone: a process the task forked (multiprocessing's "fork",
+        a subprocess that inherits it) holds the pipe open after the task process died,
+        and the death went unseen for as long as that child lived; so the process's
+        sentinel is waited on too. And in slices of a day: a limit over 2**31 ms (a
+        `timeout` of 25 days) raised OverflowError out of poll(), with the task running.
+        """
+        deadline = None if limit is None else time.monotonic() + limit
+        process = self.process
+        sentinel = getattr(process, "sentinel", None) if process is not None else None
+        while True:
+            wait = WAIT_SLICE if deadline is None else min(
+                WAIT_SLICE, max(0.0, deadline - time.monotonic()))
+            ready = mp_connection.wait([conn] if sentinel is None else [conn, sentinel],
+                                       wait)
+            if conn in ready:
+                return True
+            if ready:  # the task process has exited: what it sent is in the pipe by now
+                if conn.poll(0):
+                    return True
+                raise EOFError("the task process exited")
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def reported(self) -> bool:
         """Whether an outcome waits in the pipe (the run it is for has ended)."""

@@ -28,6 +28,11 @@ MAX_MESSAGE_CHARS = 2_000
 MAX_TRACEBACK_BYTES = 32_000
 MAX_MESSAGE_BYTES = 4_000
 TRIMMED = "(trimmed: the record would have been over MAX_RECORD_BYTES)\n"
+WORKER_LOST = "zktasks.exceptions.WorkerLost"  # the error of a run whose worker vanished
+MAX_CLASS_PATH_CHARS = 500
+# A piece of a formatted traceback longer than this (the exception's own text, which may
+# be megabytes) is cut: keeping the traceback's end kept only that text, not a frame.
+MAX_TRACEBACK_PIECE_CHARS = 4_000
 
 
 def now() -> datetime:
@@ -79,13 +84,21 @@ class ErrorRecord:
         kind = type(exc)
         try:
             message = str(exc)
-        except Exception:  # a task's exception with a broken __str__ is still its failure
+        # BaseException: a __str__ raising SystemExit ended the thread-pool runner that
+        # recorded it, and the job stayed RUNNING.
+        except BaseException:  # a task's exception with a broken __str__ is still its failure
             message = "<exception str() failed>"  # what the traceback module writes
+        pieces = traceback.TracebackException.from_exception(exc).format()
+        text = "".join(
+            piece if len(piece) <= MAX_TRACEBACK_PIECE_CHARS else
+            f"{piece[:MAX_TRACEBACK_PIECE_CHARS]}… ({len(piece):,} characters)\n"
+            for piece in pieces)
         return cls(
-            exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+            exception_class_path=clip(f"{kind.__module__}.{kind.__qualname__}",
+                                      MAX_CLASS_PATH_CHARS, 2 * MAX_CLASS_PATH_CHARS),
             message=clip(encodable(message), MAX_MESSAGE_CHARS, MAX_MESSAGE_BYTES),
-            traceback=clip(encodable("".join(traceback.format_exception(exc))),
-                           MAX_TRACEBACK_CHARS, MAX_TRACEBACK_BYTES, keep_end=True),
+            traceback=clip(encodable(text), MAX_TRACEBACK_CHARS, MAX_TRACEBACK_BYTES,
+                           keep_end=True),
             attempt=attempt,
             worker_id=worker_id,
         )
@@ -142,9 +155,11 @@ class StatusRecord:
         A job's errors add up over its attempts (each up to MAX_TRACEBACK_BYTES), and a
         record over ZooKeeper's jute.maxbuffer is not refused but answered by dropping
         the connection: the outcome could never be written. The older tracebacks go
-        first, then the older messages, then the last traceback. No error is dropped (the
-        count of lost workers is read from them), so a record that still does not fit
-        is one whose payload leaves no room; the caller's size check decides then.
+        first, then the older messages, then the last traceback and message. Then the
+        older errors but those of lost workers (counted: MAX_WORKER_LOSSES) are dropped:
+        a job near MAX_RECORD_BYTES that failed over and over outgrew ZooKeeper's limit,
+        and its worker's connection dropped at every try to write it. A record that
+        still does not fit is one whose payload leaves no room.
         """
         record = self
         if len(record.to_bytes()) <= limit or not record.errors:
@@ -158,6 +173,7 @@ class StatusRecord:
                                                          keep_end=True))),
             lambda: (older, replace(last, traceback=TRIMMED, message=clip(last.message, 200,
                                                                           400))),
+            lambda: ([e for e in older if e.exception_class_path == WORKER_LOST], last),
         )
         for step in steps:
             older, last = step()

@@ -33,7 +33,7 @@ from .conf import Options
 from .connection import add_persistent_watch, remove_persistent_watch
 from .exceptions import CorruptRecord, PayloadTooLarge, ZooKeeperUnavailableError
 from .multiread import get_many_async
-from .records import StatusRecord
+from .records import WORKER_LOST, StatusRecord
 from .tree import (
     BUCKET_MS,
     Layout,
@@ -53,7 +53,6 @@ from .tree import (
 logger = logging.getLogger(__name__)
 
 TRANSIENT = (ConnectionLoss, OperationTimeoutError, SessionExpiredError)
-WORKER_LOST = "zktasks.exceptions.WorkerLost"
 MULTI_READ_BATCH = 16  # status records per multiRead (a record may be up to ~1 MB)
 MAX_WORKER_LOSSES = 3  # a job whose workers vanished this often is failed, not re-run
 LANDED = object()

@@ -958,7 +958,7 @@ class Worker:
                             # hands them back once our session ends (at-least-once).
                             break
                         if started is not None and self._guarded(item, self._execute, item,
-                                                                  started):
+                                                                  started, held=True):
                             handed_over.add(item.job_id)
             finally:
                 with self._cond:
@@ -987,9 +987,12 @@ class Worker:
             return 1
         return min(MAX_STARTS, int(BATCH_SPAN_S / max(average, 1e-6)))
 
-    def _guarded(self, item: _Queued, step, *args, **kwargs):
+    def _guarded(self, item: _Queued, step, *args, held: bool = False, **kwargs):
         """Run one step of one job and return its result, or None if it failed (logged;
-        no other job is touched)."""
+        no other job is touched). `held`: a step after the job's start was recorded; on
+        an unexpected error it returns True, so that the job stays known here, as the
+        log line says. Forgotten, the next whole listing of our assignments (every 30 s)
+        found it again and started it again, attempt after attempt."""
         try:
             return step(*args, **kwargs)
         except (ZooKeeperUnavailableError, KazooException) as exc:
@@ -999,6 +1002,7 @@ class Worker:
         except Exception:
             logger.exception("unexpected error running job=%s; it stays assigned and "
                              "will be handed back when this worker leaves", item.job_id)
+            return True if held else None
         return None
 
     def _begin(self, item: _Queued):
@@ -1078,7 +1082,7 @@ class Worker:
                 for (item, run), outcome in zip(runs, outcomes, strict=True):
                     took, began = time.monotonic() - began, time.monotonic()
                     if self._guarded(item, self._settle, item, run, outcome, took,
-                                     more=item is not runs[-1][0]):
+                                     more=item is not runs[-1][0], held=True):
                         handed_over.add(item.job_id)
                     if self._stopping.is_set():
                         # A forced stop: the rest stay assigned, RUNNING; the leader

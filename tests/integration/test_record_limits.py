@@ -143,6 +143,50 @@ def test_a_record_whose_errors_outgrow_it_is_trimmed_oldest_first(backend):
     assert big.fit(10**7) is big
 
 
+def test_a_record_that_cannot_hold_its_errors_keeps_those_of_lost_workers(backend):
+    """A job near MAX_RECORD_BYTES that failed over and over: trimmed texts were not
+    enough, the record outgrew ZooKeeper's limit, and its worker's connection dropped
+    at every try to write it. The older errors go then, but those of lost workers,
+    which are counted (MAX_WORKER_LOSSES)."""
+    from zktasks.records import WORKER_LOST, ErrorRecord
+
+    record, _ = backend.prepare(tasks.add, (b"x" * 60_000, b""), {})
+    errors = tuple(ErrorRecord(exception_class_path=WORKER_LOST if n % 10 == 0 else "x.E",
+                               message="m" * 1000, traceback="t" * 30_000, attempt=n)
+                   for n in range(1, 101))
+    limit = len(record.to_bytes()) + 10_000
+    fitted = record.evolve(errors=errors).fit(limit)
+    assert len(fitted.to_bytes()) <= limit
+    assert [e.attempt for e in fitted.errors] == [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
+
+
+def test_an_error_keeps_its_frames_and_its_record_stays_small(backend):
+    """A 3 MB exception message left a "traceback" of its last 16,000 characters only,
+    and a class path of a megabyte went into the record whole. A __str__ that raises
+    SystemExit ended the thread-pool runner that recorded it."""
+    from zktasks.records import ErrorRecord
+
+    def raise_it(exc):
+        raise exc
+
+    try:
+        raise_it(ValueError("x" * 3_000_000))
+    except ValueError as exc:
+        error = ErrorRecord.from_exception(exc)
+    assert 'File "' in error.traceback and "in raise_it" in error.traceback
+    assert "(3,000,013 characters)" in error.traceback  # "ValueError: " + the text + "\\n"
+
+    long_name = type("E" * 1_100_000, (Exception,), {})
+    error = ErrorRecord.from_exception(long_name())
+    assert len(error.exception_class_path) <= 500
+
+    class Exits(Exception):
+        def __str__(self):
+            raise SystemExit(7)
+
+    assert ErrorRecord.from_exception(Exits()).message == "<exception str() failed>"
+
+
 def test_an_infinite_retry_delay_is_capped_and_the_job_runs_once(
         backend, start_worker, tmp_path):
     """Retry(delay=inf) overflowed the next attempt's datetime after the run: the outcome

@@ -9,7 +9,7 @@ from tests import tasks
 from zktasks import InvalidTaskError
 from zktasks.conf import MAX_RECORD_LIMIT, Options
 from zktasks.exceptions import ConfigurationError
-from zktasks.records import MAX_MESSAGE_BYTES, ErrorRecord, clip
+from zktasks.records import MAX_MESSAGE_BYTES, MAX_TRACEBACK_BYTES, ErrorRecord, clip
 from zktasks.serialization import MAX_RETRY_DELAY, RetryPolicy
 from zktasks.tree import (
     QUEUE_RE,
@@ -101,7 +101,9 @@ def test_error_text_is_bounded_in_encoded_bytes():
 
     assert len(json.dumps(error.message)) <= MAX_MESSAGE_BYTES
     assert error.message and set(error.message) == {"\U0001F600"}
-    assert error.traceback.endswith("\U0001F600\n")
+    # The exception's text is cut in the traceback too, which keeps its frames.
+    assert error.traceback.endswith("\U0001F600… (5,013 characters)\n")
+    assert len(json.dumps(error.traceback)) <= MAX_TRACEBACK_BYTES
     assert clip("abc", 10, 100) == "abc" and clip("x" * 50, 10, 100, keep_end=True) \
         == "x" * 10
     assert timedelta(seconds=MAX_RETRY_DELAY) < timedelta(days=3700)

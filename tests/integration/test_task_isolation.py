@@ -1,0 +1,71 @@
+"""Tasks that misbehave in their own process: each job keeps its own outcome, and the
+worker keeps going. (Raising, hanging past a limit and crashing are in test_faults.py.)"""
+
+import contextlib
+import os
+import signal
+
+import pytest
+from django.tasks import TaskResultStatus
+
+from tests import tasks
+
+
+def test_a_time_limit_of_weeks_lets_its_job_run_once(zk_settings, start_worker):
+    """A `timeout` over 2**31 ms (about 25 days): poll() raised OverflowError while the
+    task ran, its slot was given back and the job forgotten, so the worker found it
+    again at its next listing (every 30 s) and ran it again, for ever, taking the slot
+    from every other job. The outcome is waited for in slices of a day now."""
+    start_worker(pool="process", concurrency=1)
+    result = tasks.weeks_allowed.submit("done").wait(timeout=60)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == "done"
+    assert result.attempts == 1
+    assert tasks.add.submit(1, 2).wait(timeout=30).return_value == 3
+
+
+@pytest.mark.parametrize("pool", ["process", "thread"])
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")
+def test_a_forked_child_that_returns_into_zktasks_exits(zk_settings, start_worker, pool,
+                                                       tmp_path):
+    """The child ends with sys.exit(), caught by zktasks as a task's failure. It then
+    went on as a second task process on the same pipe: it reported the job for its
+    parent (FAILED, SystemExit) and took the next job, so the worker recorded the
+    parent's return value as the next job's. In the thread pool it was a copy of the
+    worker, stuck for good in a ZooKeeper call. It exits there now (status 1)."""
+    start_worker(pool=pool, concurrency=1)
+    result = tasks.forks_a_child_that_exits.submit(str(tmp_path)).wait(timeout=60)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 1
+    assert [tasks.add.submit(i, 100).wait(timeout=30).return_value
+            for i in range(3)] == [100, 101, 102]
+
+
+def test_a_task_process_that_dies_is_noticed_while_a_child_it_forked_lives(
+        zk_settings, start_worker, tmp_path):
+    """The child holds the task process's pipe open: waiting for the pipe's end alone,
+    the death went unseen for as long as the child lived (here two minutes), and the
+    job stayed RUNNING with its slot taken. The process's own sentinel is waited on."""
+    start_worker(pool="process", concurrency=1)
+    try:
+        result = tasks.dies_leaving_a_child.submit(str(tmp_path)).wait(timeout=60)
+        assert result.status == TaskResultStatus.FAILED
+        assert result.errors[-1].exception_class_path == \
+            "zktasks.exceptions.TaskProcessDied"
+        assert "exit code 3" in result.errors[-1].traceback
+        assert tasks.add.submit(1, 2).wait(timeout=30).return_value == 3
+    finally:
+        child = tmp_path / "child"
+        if child.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(child.read_text()), signal.SIGKILL)
+
+
+def test_a_task_that_turns_alarms_off_does_not_turn_off_the_next_ones_limit(
+        zk_settings, start_worker):
+    """The soft limit's SIGALRM handler was set once per task process: after a task
+    ignored SIGALRM, a later job in the same process ran on to the hard limit and was
+    killed, with no chance to clean up."""
+    start_worker(pool="process", concurrency=1)
+    assert tasks.ignores_alarms.submit().wait(timeout=30).return_value == "alarms ignored"
+    result = tasks.sleeps_past_its_limit.submit(10).wait(timeout=30)
+    assert result.status == TaskResultStatus.FAILED
+    assert "soft limit: cleaning up" in result.errors[-1].traceback
