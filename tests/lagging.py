@@ -17,16 +17,20 @@ forward bytes, or hold them.
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 from zktasks.testing import ZooKeeperEnsemble, ZooKeeperServer
 
 
 class Relay:
-    """A TCP proxy to one member's quorum port; `hold` holds what comes back from it."""
+    """A TCP proxy to a port; `hold` holds what comes back from it, and `rate` (bytes a
+    second), when given, slows it down (tests/integration/test_slow_link.py)."""
 
-    def __init__(self, target_port: int):
+    def __init__(self, target_port: int, rate: float | None = None):
         self.target = target_port
+        self.rate = rate
+        self.sent = 0  # bytes passed back
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.hold = threading.Event()
@@ -61,6 +65,9 @@ class Relay:
                     with self._released:
                         self._released.wait_for(
                             lambda: not self.hold.is_set() or self._closed)
+                    if self.rate:
+                        time.sleep(len(data) / self.rate)
+                    self.sent += len(data)
                 sink.sendall(data)
         except OSError:
             pass

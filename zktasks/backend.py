@@ -519,11 +519,14 @@ class ZooKeeperBackend(BaseTaskBackend):
         changed = threading.Event()
         wake = changed.set  # runs on kazoo's connection thread (handler.py): only signal
         with self._status_watch(job_id, wake) as on_change:
+            first = True
             while True:
                 changed.clear()
-                finished, pause = self._wait_step(job_id, deadline, timeout, on_change)
+                finished, pause = self._wait_step(job_id, deadline, timeout, on_change,
+                                                  first=first)
                 if finished is not None:
                     return finished
+                first = False
                 changed.wait(pause)
 
     async def await_result(self, job_id: str, timeout: float | None = None):
@@ -546,11 +549,14 @@ class ZooKeeperBackend(BaseTaskBackend):
         # loop that long); _status_watch below then finds it made.
         await sync_to_async(lambda: self.store, thread_sensitive=False)()
         with self._status_watch(job_id, wake) as on_change:
+            first = True
             while True:
                 changed.clear()
-                finished, pause = await step(job_id, deadline, timeout, on_change)
+                finished, pause = await step(job_id, deadline, timeout, on_change,
+                                             first=first)
                 if finished is not None:
                     return finished
+                first = False
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), pause)
 
@@ -571,10 +577,16 @@ class ZooKeeperBackend(BaseTaskBackend):
             statuswatch.watches.leave(client, path, wake, finished=settled)
 
     def _wait_step(self, job_id: str, deadline: float | None, timeout: float | None,
-                   on_change):
+                   on_change, *, first: bool = False):
         """One read of a wait: (the finished result, None), or (None, seconds to wait for
         `on_change` before reading again). Raise JobNotFound, or TimeoutError once
-        `deadline` has passed."""
+        `deadline` has passed.
+
+        A wait's `first` read that finds the job FAILED reads again once caught up
+        (Store.catch_up): from a member that trails, it may be the attempt before a
+        retry (or a dead letter's re-queue) just made by another process, and the wait
+        returned that old failure at once. Only FAILED: nothing makes a successful job
+        run again, so waits on finished jobs (the usual case) cost no round trip."""
         store = self.store
         remaining = None if deadline is None else deadline - time.monotonic()
         bound = self.conf.connect_timeout
@@ -586,6 +598,9 @@ class ZooKeeperBackend(BaseTaskBackend):
         try:
             with store.bounded(bound):
                 found = store.read_status(job_id, watch=on_change)
+                if first and found is not None and found.record.state == records.FAILED:
+                    store.catch_up()
+                    found = store.read_status(job_id, watch=on_change)
         except ZooKeeperUnavailableError:
             found = _UNKNOWN
         if found is None:

@@ -721,16 +721,24 @@ class Reader:
 
     # -- one job -----------------------------------------------------------------------
 
+    def get_caught_up(self, path: str):
+        """get(path), and if it finds nothing, again once this process's member has
+        caught up (Store.catch_up): what another process has just made (a job, a dead
+        letter) may not have reached it yet, and a page said "no such" thing."""
+        found = self.get(path)
+        if found is None:
+            self.catch_up()
+            found = self.get(path)
+        return found
+
+    def catch_up(self) -> None:
+        with self.store.bounded(READ_DEADLINE):
+            self.store.catch_up()
+
     def job(self, job_id: str) -> JobDetail | None:
         """Everything the detail page shows; arguments only from a verified payload."""
         path = self.layout.status(job_id)
-        found = self.get(path)
-        if found is None:
-            # Caught up first (Store.catch_up): a job another process has just submitted
-            # may not have reached this process's member yet (a 404 for a job that is).
-            with self.store.bounded(READ_DEADLINE):
-                self.store.catch_up()
-            found = self.get(path)
+        found = self.get_caught_up(path)
         if found is None:
             return None
         record = StatusRecord.from_bytes(found[0], path=path)
@@ -1302,6 +1310,11 @@ class LiveState:
                     out[path] = result.get(timeout=READ_DEADLINE)
                 except NoNodeError:
                     out[path] = None
+                    if key:
+                        # No watch is left on a node that does not exist: a job page
+                        # opened for a job this member had not applied yet never
+                        # updated. Watch its creation instead, as _children does.
+                        self.client.exists_async(path, watch=self._watcher(key))
                 if key:
                     self._read(key)
         return out

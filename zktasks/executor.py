@@ -97,7 +97,7 @@ def execute(execution: Execution, *, in_thread_pool: bool = False) -> Outcome:
             finally:
                 _in_task.active = False
     except BaseException as exc:  # a task's SystemExit is its failure, not ours
-        _leave_if_forked(owner, 1)
+        _leave_if_forked(owner, _exit_status(exc))
         delay = None
         if call is not None:
             delay = retry_delay(call.policy, execution.attempt, exc)
@@ -133,6 +133,14 @@ def _leave_if_forked(owner: int, code: int) -> None:
                         b"exits here (end a forked child with os._exit()).\n")
         finally:
             os._exit(code)
+
+
+def _exit_status(exc: BaseException) -> int:
+    """The status a process ending with `exc` exits with, as Python gives it."""
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        return 0 if code is None else code if isinstance(code, int) else 1
+    return 1
 
 
 def _run_coroutine(func, args, kwargs, timeout: float | None):
@@ -280,7 +288,8 @@ _READY_FORKED = "ready, forked"  # the same, from a fork of a set-up fork server
 # a task process ignores them, and they are blocked from before its start until then.
 _GROUP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 READY_TIMEOUT = 120.0  # seconds a new task process may take to set up Django
-WAIT_SLICE = 86400.0  # seconds of one wait for an outcome (poll() takes 2**31 ms at most)
+CHECK_EVERY = 1.0  # seconds between checks that a task process still lives (_wait_outcome)
+MAX_ALARM = 10 * 365 * 86400.0  # the longest soft limit setitimer is given (ten years)
 
 
 def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
@@ -342,7 +351,9 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
                 # Again for each run: a task that set SIGALRM's handler (or ignored it)
                 # turned the soft limit off for the runs after it in this process.
                 signal.signal(signal.SIGALRM, _on_soft_timeout)
-                signal.setitimer(signal.ITIMER_REAL, execution.timeout)
+                # Capped: from about 1e10 s (sys.maxsize, "no limit") setitimer raised
+                # OverflowError here, outside the run, and the task process died.
+                signal.setitimer(signal.ITIMER_REAL, min(execution.timeout, MAX_ALARM))
             try:
                 outcome = execute(execution)
             finally:
@@ -619,21 +630,25 @@ class _Slot:
 
         Not conn.poll(limit) alone: a process the task forked (multiprocessing's "fork",
         a subprocess that inherits it) holds the pipe open after the task process died,
-        and the death went unseen for as long as that child lived; so the process's
-        sentinel is waited on too. And in slices of a day: a limit over 2**31 ms (a
-        `timeout` of 25 days) raised OverflowError out of poll(), with the task running.
+        and the death went unseen for as long as that child lived. So the process's
+        sentinel is waited on too (a fork server's child: it fires at the exit), and
+        every CHECK_EVERY seconds the process is asked whether it lives (a spawned one,
+        whose sentinel such a child holds open too). And never more than CHECK_EVERY at
+        once: a limit over 2**31 ms (a `timeout` of 25 days) raised OverflowError out of
+        poll(), with the task running.
         """
         deadline = None if limit is None else time.monotonic() + limit
         process = self.process
         sentinel = getattr(process, "sentinel", None) if process is not None else None
         while True:
-            wait = WAIT_SLICE if deadline is None else min(
-                WAIT_SLICE, max(0.0, deadline - time.monotonic()))
+            wait = CHECK_EVERY if deadline is None else min(
+                CHECK_EVERY, max(0.0, deadline - time.monotonic()))
             ready = mp_connection.wait([conn] if sentinel is None else [conn, sentinel],
                                        wait)
             if conn in ready:
                 return True
-            if ready:  # the task process has exited: what it sent is in the pipe by now
+            if ready or (process is not None and not process.is_alive()):
+                # The task process has exited: what it sent is in the pipe by now.
                 if conn.poll(0):
                     return True
                 raise EOFError("the task process exited")

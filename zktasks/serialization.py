@@ -359,6 +359,10 @@ class _OpenFileFound(Exception):
                                                      else "")
 
 
+_STANDARD_STREAMS = tuple(s for s in (sys.__stdin__, sys.__stdout__, sys.__stderr__)
+                          if s is not None)
+
+
 class _Dispatch(dict):
     """dill's table of save functions, copied, for a Pickler of our own. A type
     registered with dill since the copy is looked up in dill's; a metaclass gets what
@@ -375,7 +379,9 @@ class _Dispatch(dict):
 
 def _refusing_open(save):
     def save_file(pickler, obj):
-        if _is_open_file(obj):
+        # The standard streams travel as a name (dill's own case): the worker writes to
+        # its own stderr, as print(..., file=sys.stderr) in a lambda always has.
+        if obj not in _STANDARD_STREAMS and _is_open_file(obj):
             raise _OpenFileFound(obj)
         save(pickler, obj)
 

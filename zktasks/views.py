@@ -291,7 +291,7 @@ class DashboardViews:
             backend = zk_backend()
             reader = dashboard.Reader(backend)
             if search:
-                if is_job_id(search.lower()) and reader.get(
+                if is_job_id(search.lower()) and reader.get_caught_up(
                         reader.layout.status(search.lower())) is not None:
                     return HttpResponseRedirect(self.url("zktasks_job_change",
                                                          search.lower()))
@@ -500,7 +500,11 @@ class DashboardViews:
                 messages.warning(request, f"Worker {worker_id} is gone; nothing to drain.")
             return HttpResponseRedirect(self.url("zktasks_overview"))
         try:
-            workers = self.reader().workers()
+            reader = self.reader()
+            workers = reader.workers()
+            if worker_id not in workers:  # listed by another process, just registered?
+                reader.catch_up()
+                workers = reader.workers()
         except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
             return self.unavailable(request, exc, title, "overview")
         if worker_id not in workers:
@@ -642,6 +646,9 @@ class DashboardViews:
             store = self.reader().store
             with store.bounded(dashboard.READ_DEADLINE):
                 letter = deadletter.read(store, name)
+                if letter is None:  # moved aside by another process, just now?
+                    store.catch_up()
+                    letter = deadletter.read(store, name)
         except (ZkBackendMissing, *dashboard.UNAVAILABLE) as exc:
             return self.unavailable(request, exc, title, "deadletters")
         if letter is None:

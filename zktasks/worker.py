@@ -196,6 +196,9 @@ class Worker:
         self._reassigned: set[str] = set()  # of those, assigned to us again meanwhile
         self._relist = True
         self._listed_at = -math.inf  # monotonic time of the last whole list
+        # (worker id, getter, job ids) of status reads whose answers did not come within
+        # the bound: the next try waits on them again (_fetch_statuses). Main loop only.
+        self._unanswered: tuple | None = None
         self.registered = threading.Event()
         self.completed = 0
 
@@ -730,7 +733,7 @@ class Worker:
         # for bounded: an answer lost with the connection was read again in kazoo's
         # queue, and the main loop, a drain and a stop with it, waited for ZooKeeper's
         # return (see _read_own_znode).
-        fetch = self.store.read_statuses(sorted(new))
+        fetch = self._fetch_statuses(worker_id, sorted(new))
         ready = []
         try:
             for job_id in sorted(new):
@@ -743,6 +746,12 @@ class Worker:
                 except TRANSIENT:
                     self._relist = True  # these changes are not read again as events
                     return
+                except ZooKeeperUnavailableError:
+                    # Past the bound: the answers may still be on their way (a slow
+                    # link, records of a megabyte). Kept, for the next try to wait on.
+                    self._unanswered = (worker_id, fetch, new)
+                    self._relist = True
+                    raise
                 except BaseException:
                     self._relist = True  # as above; the main loop reports the error
                     raise
@@ -775,6 +784,18 @@ class Worker:
                     self._cond.notify(wake)
         for item in doomed:
             self._cancel_queued(item)
+
+    def _fetch_statuses(self, worker_id: str, job_ids: list[str]):
+        """store.read_statuses(job_ids), waiting again on the reads still on their way
+        from a try whose wait ran out (see _read_assignments): sent again, each retry
+        queued another copy of the same records behind the first, and over a slow link
+        the jobs never started."""
+        kept, self._unanswered = self._unanswered, None
+        if kept is None or kept[0] != worker_id:
+            return self.store.read_statuses(job_ids)
+        _, earlier, sent = kept
+        fresh = self.store.read_statuses([j for j in job_ids if j not in sent])
+        return lambda job_id: (earlier if job_id in sent else fresh)(job_id)
 
     def _read_cancels(self) -> None:
         """Act on cancel requests for jobs this worker holds.

@@ -356,6 +356,12 @@ def test_open_files_reached_only_by_pickling_are_refused(backend, zk_client, sta
     result = tasks.returns_an_open_file.submit(str(path)).wait(timeout=30)
     assert result.status == TaskResultStatus.FAILED
     assert "holds an open file" in result.errors[-1].traceback
+    # The standard streams travel by name, as dill sends them: the worker writes to its
+    # own (this was refused too at first).
+    import sys
+
+    job = submit(functools.partial(print, "from a job", file=sys.__stderr__))
+    assert job.wait(timeout=30).status == TaskResultStatus.SUCCESSFUL
 
 
 def test_in_memory_files_travel_by_value(backend, start_worker):

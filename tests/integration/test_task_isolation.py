@@ -16,10 +16,16 @@ def test_a_time_limit_of_weeks_lets_its_job_run_once(zk_settings, start_worker):
     task ran, its slot was given back and the job forgotten, so the worker found it
     again at its next listing (every 30 s) and ran it again, for ever, taking the slot
     from every other job. The outcome is waited for in slices of a day now."""
+    import sys
+
     start_worker(pool="process", concurrency=1)
     result = tasks.weeks_allowed.submit("done").wait(timeout=60)
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == "done"
     assert result.attempts == 1
+    # sys.maxsize, "no limit": setitimer raised OverflowError in the task process, which
+    # died, and the job failed with TaskProcessDied at every attempt.
+    endless = tasks.weeks_allowed.using(timeout=sys.maxsize).submit("endless")
+    assert endless.wait(timeout=60).return_value == "endless"
     assert tasks.add.submit(1, 2).wait(timeout=30).return_value == 3
 
 
@@ -31,10 +37,11 @@ def test_a_forked_child_that_returns_into_zktasks_exits(zk_settings, start_worke
     went on as a second task process on the same pipe: it reported the job for its
     parent (FAILED, SystemExit) and took the next job, so the worker recorded the
     parent's return value as the next job's. In the thread pool it was a copy of the
-    worker, stuck for good in a ZooKeeper call. It exits there now (status 1)."""
+    worker, stuck for good in a ZooKeeper call. It exits there now, with the status
+    its sys.exit() gave."""
     start_worker(pool=pool, concurrency=1)
     result = tasks.forks_a_child_that_exits.submit(str(tmp_path)).wait(timeout=60)
-    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 1
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 0
     assert [tasks.add.submit(i, 100).wait(timeout=30).return_value
             for i in range(3)] == [100, 101, 102]
 

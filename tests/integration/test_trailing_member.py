@@ -96,3 +96,67 @@ def test_an_operator_action_right_after_another_sees_it(trailing_ensemble, near_
         jobs = [near.enqueue(tasks.add, (i, 1), {}) for i in range(3)]
         assert far.cancel_pending("default") == 3
     assert {near.get_result(j.id).status for j in jobs} == {TaskResultStatus.FAILED}
+
+
+def test_a_wait_right_after_a_retry_elsewhere_waits_for_the_new_attempt(
+        trailing_ensemble, near_and_far):
+    """The first read of the wait, from the trailing member, showed the failure before
+    the retry: wait() returned it at once, while the job was READY again."""
+    near, far, follower = near_and_far
+    job = near.enqueue(tasks.add, (1, 2), {})
+    assert near.cancel(job.id) is True  # FAILED (cancelled): a job retry() takes
+    far.store.catch_up()
+    with trailing_ensemble.trailing(follower, release_after=RELEASE):
+        assert near.retry(job.id) is True
+        with pytest.raises(TimeoutError, match="state READY"):  # no worker runs it
+            far.wait(job.id, timeout=RELEASE * 3)
+
+
+@pytest.fixture
+def dashboard_on_the_follower(settings, trailing_ensemble, zk_root, admin_client):
+    """(admin client of a dashboard whose process is on a follower, backend on the
+    ensemble's leader, that follower)."""
+    leader, follower = trailing_ensemble.leader(), trailing_ensemble.a_follower()
+    settings.TASKS = zk_tasks_setting(follower.hosts, zk_root)
+    near = ZooKeeperBackend("default", zk_tasks_setting(leader.hosts, zk_root)["default"])
+    near.store.ensure_skeleton()
+    from django.tasks import task_backends
+
+    task_backends["default"].store.catch_up()
+    return admin_client, near, follower
+
+
+def test_dashboard_pages_for_what_another_process_just_made(trailing_ensemble,
+                                                            dashboard_on_the_follower):
+    """The search by id said "No job has the id", a dead letter's confirm page was a
+    404, and a job page opened before its member had the job never updated: no watch
+    is left on a node that does not exist."""
+    from django.tasks import task_backends
+
+    from tests.dashboard.conftest import url
+    from tests.waiting import wait_until
+    from zktasks import dashboard, deadletter
+
+    client, near, follower = dashboard_on_the_follower
+    with trailing_ensemble.trailing(follower, release_after=RELEASE):
+        job = near.enqueue(tasks.add, (1, 2), {})
+        response = client.get(url("zktasks_job_changelist", q=job.id))
+    assert response.status_code == 302 and job.id in response["Location"]
+
+    store = near.store
+    with trailing_ensemble.trailing(follower, release_after=RELEASE):
+        path, data = deadletter.entry(store, "/elsewhere", b"junk", kind="foreign_name",
+                                      reason="made by another process", by="test")
+        store.client.create(path, data)
+        name = path.rsplit("/", 1)[1]
+        response = client.get(url("zktasks_deadletter_requeue", name))
+    assert response.status_code == 200
+
+    state = dashboard.live_state(task_backends["default"])
+    with trailing_ensemble.trailing(follower):  # held until the block ends
+        job = near.enqueue(tasks.add, (3, 4), {})
+        state.snapshot(job_id=job.id, wait=30)  # read from the trailing member: no job
+    assert near.cancel(job.id) is True
+    wait_until(lambda: state.snapshot(job_id=job.id) and
+               state.jobs.get(job.id, {}).get("state") == "FAILED", 30,
+               "the job page's live state to follow the job")

@@ -113,3 +113,29 @@ def test_a_group_signal_while_a_task_process_boots_costs_no_job(make_runner, mon
     os.kill(booting.pid, signal.SIGINT)
     os.kill(booting.pid, signal.SIGHUP)
     assert value(runner.run(execution(tasks.pid))) == booting.pid
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_task_process_that_dies_is_seen_while_a_child_it_forked_lives(
+        make_runner, start_method, tmp_path):
+    """The child (multiprocessing's "fork") holds the task process's pipe open, and with
+    spawn its sentinel too: the death went unseen until the child ended (two minutes
+    here), the job RUNNING and its slot taken all along."""
+    import signal
+    import time
+
+    runner = make_runner(start_method=start_method)
+    try:
+        began = time.monotonic()
+        outcome = runner.run(execution(tasks.dies_leaving_a_child, str(tmp_path)))
+        assert outcome.error.exception_class_path == "zktasks.exceptions.TaskProcessDied"
+        assert "exit code 3" in outcome.error.message
+        assert time.monotonic() - began < 60  # the child lives 120 s
+        assert value(runner.run(execution(tasks.add, 1, 2))) == 3
+    finally:
+        child = tmp_path / "child"
+        if child.exists():
+            try:
+                os.kill(int(child.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
