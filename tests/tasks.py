@@ -520,3 +520,31 @@ def ignores_alarms():
 @zk_task(timeout=1)
 def sleeps_past_its_limit(seconds):
     time.sleep(seconds)
+
+
+@zk_task
+async def forks_in_a_coroutine():
+    """As forks_a_child_that_exits, from a coroutine: it runs in asgiref's loop thread,
+    the only thread the child has."""
+    import asyncio
+    import sys
+
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)
+    for _ in range(600):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        await asyncio.sleep(0.05)
+    os.kill(pid, 9)
+    return "the forked child never ended"
+
+
+def _backoff_that_exits(attempt, exc):
+    raise SystemExit(3)
+
+
+@zk_task(max_attempts=3, backoff=_backoff_that_exits)
+def fails_with_a_backoff_that_exits():
+    raise ValueError("the task's own failure")

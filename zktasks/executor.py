@@ -87,12 +87,16 @@ def execute(execution: Execution, *, in_thread_pool: bool = False) -> Outcome:
             record = StatusRecord.from_bytes(execution.record_json)
             args = (_context(record, call, call.args, call.kwargs), *args)
         if iscoroutinefunction(call.func):
-            value = _run_coroutine(call.func, args, call.kwargs, execution.timeout)
+            value = _run_coroutine(_forks_end(call.func, owner), args, call.kwargs,
+                                   execution.timeout)
         else:
             if in_thread_pool and execution.timeout:
                 _warn_no_limit(call.func, execution.timeout)
             _in_task.active = True
             try:
+                if _in_task.alarmed:
+                    raise TaskTimeout("The task ran past its time limit before it began "
+                                      "(soft limit: loading its arguments took that long).")
                 value = call.func(*args, **call.kwargs)
             finally:
                 _in_task.active = False
@@ -133,6 +137,24 @@ def _leave_if_forked(owner: int, code: int) -> None:
                         b"exits here (end a forked child with os._exit()).\n")
         finally:
             os._exit(code)
+
+
+def _forks_end(func, owner: int):
+    """`func` (a coroutine function), with _leave_if_forked after it: it runs in
+    asgiref's loop thread, the only thread of a process forked from it, which then
+    never came back to execute()'s check and lived on for good, blocked (with the
+    thread pool, a copy of the worker holding its ZooKeeper connections)."""
+
+    async def run(*args, **kwargs):
+        try:
+            value = await func(*args, **kwargs)
+        except BaseException as exc:
+            _leave_if_forked(owner, _exit_status(exc))
+            raise
+        _leave_if_forked(owner, 0)
+        return value
+
+    return run
 
 
 def _exit_status(exc: BaseException) -> int:
@@ -187,6 +209,7 @@ def _warn_no_limit(func, timeout: float) -> None:
 
 class _InTask(threading.local):
     active = False
+    alarmed = False  # the soft limit went off before the task began (a slow load)
 
 
 _in_task = _InTask()
@@ -200,7 +223,9 @@ def retry_delay(policy, attempt: int, exc: BaseException) -> float | None:
         return None  # cancelled means stop, not try again
     try:
         return policy.delay(attempt, exc)
-    except Exception:
+    # BaseException: a backoff raising SystemExit or KeyboardInterrupt ended the runner
+    # thread that asked (in the worker too, which asks after a task process died).
+    except BaseException:
         logger.exception("no retry delay (a backoff callable failed, or a delay was not a "
                          "number); not retrying attempt=%d", attempt)
         return None
@@ -347,6 +372,7 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
                 conn.send(_not_started(execution))
                 continue
             context.set_current_run(number)
+            _in_task.alarmed = False
             if execution.timeout:
                 # Again for each run: a task that set SIGALRM's handler (or ignored it)
                 # turned the soft limit off for the runs after it in this process.
@@ -469,6 +495,8 @@ def _on_soft_timeout(signum, frame):
     # process if it has not stopped within the grace period after.
     if _in_task.active:
         raise TaskTimeout("The task ran past its time limit (soft limit: cleaning up).")
+    _in_task.alarmed = True  # raised as the task begins: it was lost, and the hard
+    # limit killed the task process with no chance to clean up
 
 
 class _Slot:

@@ -30,6 +30,7 @@ MAX_MESSAGE_BYTES = 4_000
 TRIMMED = "(trimmed: the record would have been over MAX_RECORD_BYTES)\n"
 WORKER_LOST = "zktasks.exceptions.WorkerLost"  # the error of a run whose worker vanished
 MAX_CLASS_PATH_CHARS = 500
+KEEP_WORKER_IDS = 10  # the last workers a record too large for all of them names
 # A piece of a formatted traceback longer than this (the exception's own text, which may
 # be megabytes) is cut: keeping the traceback's end kept only that text, not a frame.
 MAX_TRACEBACK_PIECE_CHARS = 4_000
@@ -180,6 +181,11 @@ class StatusRecord:
             record = self.evolve(errors=(*older, last))
             if len(record.to_bytes()) <= limit:
                 break
+        else:
+            if len(record.worker_ids) > KEEP_WORKER_IDS:
+                # One id per attempt, never trimmed: 116 attempts of a 60-character
+                # worker name took a record near the limit over jute.maxbuffer.
+                record = record.evolve(worker_ids=record.worker_ids[-KEEP_WORKER_IDS:])
         return record
 
     def to_json(self) -> dict:

@@ -1062,8 +1062,8 @@ class Worker:
             worker_ids=record.worker_ids + (worker_id,),
             started_at=record.started_at or now, last_attempted_at=now,
             retry_at=None,  # its backoff is over; a job handed back later is due at once
-        )
-        running_bytes = running.to_bytes()
+        ).fit(self.options.max_record_bytes)  # its errors and workers grow each attempt
+        running_bytes = running.to_bytes()  # kept from fit(): encoded once
         # Recorded (fenced by our assignment) before the job runs, in a multi shared with
         # other jobs' writes (committer.py).
         commit = self.committer.begin(worker_id, job_id, running_bytes, version)

@@ -160,6 +160,22 @@ def test_a_record_that_cannot_hold_its_errors_keeps_those_of_lost_workers(backen
     assert [e.attempt for e in fitted.errors] == [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
 
 
+def test_a_record_of_many_attempts_keeps_its_last_workers_when_it_must(backend):
+    """One worker id per attempt, never trimmed: a record near the limit outgrew
+    jute.maxbuffer after enough attempts (116 of a 60-character worker name)."""
+    from zktasks.records import ErrorRecord
+
+    record, _ = backend.prepare(tasks.add, (b"x" * 60_000, b""), {})
+    workers = tuple(f"worker-{n:03d}-" + "w" * 50 for n in range(200))
+    errors = (ErrorRecord(exception_class_path="x.E", message="m", traceback="t"),)
+    limit = len(record.to_bytes()) + 2_000
+    fitted = record.evolve(worker_ids=workers, errors=errors).fit(limit)
+    assert len(fitted.to_bytes()) <= limit
+    assert fitted.worker_ids == workers[-10:]
+    assert record.evolve(worker_ids=workers[:3], errors=errors).fit(limit).worker_ids \
+        == workers[:3]
+
+
 def test_an_error_keeps_its_frames_and_its_record_stays_small(backend):
     """A 3 MB exception message left a "traceback" of its last 16,000 characters only,
     and a class path of a megabyte went into the record whole. A __str__ that raises

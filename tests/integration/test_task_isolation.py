@@ -42,6 +42,9 @@ def test_a_forked_child_that_returns_into_zktasks_exits(zk_settings, start_worke
     start_worker(pool=pool, concurrency=1)
     result = tasks.forks_a_child_that_exits.submit(str(tmp_path)).wait(timeout=60)
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 0
+    # From a coroutine (asgiref's loop thread) it lived on, blocked, for good.
+    result = tasks.forks_in_a_coroutine.submit().wait(timeout=60)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 0
     assert [tasks.add.submit(i, 100).wait(timeout=30).return_value
             for i in range(3)] == [100, 101, 102]
 
@@ -76,3 +79,14 @@ def test_a_task_that_turns_alarms_off_does_not_turn_off_the_next_ones_limit(
     result = tasks.sleeps_past_its_limit.submit(10).wait(timeout=30)
     assert result.status == TaskResultStatus.FAILED
     assert "soft limit: cleaning up" in result.errors[-1].traceback
+
+
+@pytest.mark.parametrize("pool", ["process", "thread"])
+def test_a_backoff_that_raises_system_exit_means_no_retry(zk_settings, start_worker, pool):
+    """retry_delay caught Exception only: the runner thread that asked ended, the job
+    stayed RUNNING and, at concurrency 1, the worker ran nothing more (the process pool
+    too: the worker asks the backoff itself when the task process died)."""
+    start_worker(pool=pool, concurrency=1)
+    result = tasks.fails_with_a_backoff_that_exits.submit().wait(timeout=60)
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1
+    assert tasks.add.submit(1, 2).wait(timeout=30).return_value == 3
