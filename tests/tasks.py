@@ -477,8 +477,25 @@ def weeks_allowed(value):
     return value
 
 
+def _reaped_within(pid: int, seconds: float):
+    """The exit status of child `pid`, waited for on its pidfd (readable once it has
+    exited) for at most `seconds`; a child still running then is killed."""
+    import select
+
+    pidfd = os.pidfd_open(pid)
+    try:
+        exited, _, _ = select.select([pidfd], [], [], seconds)
+    finally:
+        os.close(pidfd)
+    if not exited:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        return "the forked child never ended"
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 @zk_task
-def forks_a_child_that_exits(marker_dir):
+def forks_a_child_that_exits():
     """Forks; the child ends with sys.exit() (not os._exit()), as code written for a
     script would. The parent reaps it and returns the child's exit status."""
     import sys
@@ -486,15 +503,7 @@ def forks_a_child_that_exits(marker_dir):
     pid = os.fork()
     if pid == 0:
         sys.exit(0)  # into zktasks' own code: it must not go on as a task process
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    Path(marker_dir, "stuck").write_text(str(pid))
-    os.kill(pid, 9)
-    return "the forked child never ended"
+    return _reaped_within(pid, 30)
 
 
 @zk_task
@@ -532,13 +541,7 @@ async def forks_in_a_coroutine():
     pid = os.fork()
     if pid == 0:
         sys.exit(0)
-    for _ in range(600):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        await asyncio.sleep(0.05)
-    os.kill(pid, 9)
-    return "the forked child never ended"
+    return await asyncio.to_thread(_reaped_within, pid, 30)
 
 
 def _backoff_that_exits(attempt, exc):

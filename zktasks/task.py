@@ -13,6 +13,7 @@ from django.tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskResult
 from django.tasks.exceptions import TaskResultMismatch
 
 from .exceptions import InvalidTaskError, PayloadVerificationError, SerializationError
+from .records import encodable
 from .tree import MAX_RESULT_TTL
 
 _UNSET = object()
@@ -26,14 +27,6 @@ def _same_definition(copy, func) -> bool:
             and getattr(copy, "__qualname__", None) == getattr(func, "__qualname__", None)
             and (code.co_filename, code.co_firstlineno, code.co_code)
             == (own.co_filename, own.co_firstlineno, own.co_code))
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +85,8 @@ class ZkTask(Task):
             )
         if self.unique_key is not None and (
             not isinstance(self.unique_key, str) or not self.unique_key
-            or not _utf8(self.unique_key)  # a lone surrogate: it names a znode in UTF-8
+            # A lone surrogate: the key names a znode, in UTF-8.
+            or encodable(self.unique_key) != self.unique_key
         ):
             raise InvalidTaskError(
                 f"unique_key is {self.unique_key!r}; give a non-empty string (that UTF-8 "

@@ -31,8 +31,7 @@ def test_a_time_limit_of_weeks_lets_its_job_run_once(zk_settings, start_worker):
 
 @pytest.mark.parametrize("pool", ["process", "thread"])
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")
-def test_a_forked_child_that_returns_into_zktasks_exits(zk_settings, start_worker, pool,
-                                                       tmp_path):
+def test_a_forked_child_that_returns_into_zktasks_exits(zk_settings, start_worker, pool):
     """The child ends with sys.exit(), caught by zktasks as a task's failure. It then
     went on as a second task process on the same pipe: it reported the job for its
     parent (FAILED, SystemExit) and took the next job, so the worker recorded the
@@ -40,7 +39,7 @@ def test_a_forked_child_that_returns_into_zktasks_exits(zk_settings, start_worke
     worker, stuck for good in a ZooKeeper call. It exits there now, with the status
     its sys.exit() gave."""
     start_worker(pool=pool, concurrency=1)
-    result = tasks.forks_a_child_that_exits.submit(str(tmp_path)).wait(timeout=60)
+    result = tasks.forks_a_child_that_exits.submit().wait(timeout=60)
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 0
     # From a coroutine (asgiref's loop thread) it lived on, blocked, for good.
     result = tasks.forks_in_a_coroutine.submit().wait(timeout=60)
