@@ -7,6 +7,7 @@ import pytest
 from django.tasks import TaskResultStatus
 
 from tests import tasks
+from tests.processes import process_running
 from tests.waiting import wait_for_children, wait_for_data, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -338,16 +339,13 @@ def test_task_process_dies_with_its_worker(backend, runworker, zk_client, tmp_pa
     proc.send_signal(signal.SIGKILL)
     proc.wait(60)
 
-    def gone(pid):
-        # Dead, or a zombie nobody has reaped yet (it runs nothing any more).
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except FileNotFoundError:
-            return True
-
-    wait_until(lambda: gone(task_pid), 60, f"task process {task_pid} to die with its worker")
-    wait_until(lambda: gone(parent), 60, f"the fork server {parent} to exit with its worker")
+    # Dead, or a zombie nobody has reaped yet (it runs nothing any more).
+    wait_until(
+        lambda: not process_running(task_pid), 60, f"task process {task_pid} to die with its worker"
+    )
+    wait_until(
+        lambda: not process_running(parent), 60, f"the fork server {parent} to exit with its worker"
+    )
 
 
 @pytest.mark.parametrize("args,message", [

@@ -1,6 +1,5 @@
 """Check zktasks.testing against real ZooKeeper processes: lifecycle, crashes, quorum."""
 
-import os
 import selectors
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import pytest
 from kazoo.client import KazooClient, KazooState
 from kazoo.retry import KazooRetry
 
+from tests.processes import process_running
 from tests.waiting import wait_until
 from zktasks.testing import (
     ZooKeeperEnsemble,
@@ -46,16 +46,6 @@ def close(client: KazooClient) -> None:
     client.close()
 
 
-def process_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # An unreaped child still answers kill(0); it is gone if it is a zombie.
-    status = Path(f"/proc/{pid}/status")
-    return not status.exists() or "State:\tZ" in status.read_text()
-
-
 def test_server_serves_znodes_and_cleans_up() -> None:
     with ZooKeeperServer() as server:
         assert server.is_running
@@ -70,7 +60,7 @@ def test_server_serves_znodes_and_cleans_up() -> None:
         pid, data_dir = server.pid, server.data_dir
         assert (data_dir / "zoo.cfg").is_file()
         assert "ZooKeeperServerMain" in server.log_path.read_text()
-    assert pid is not None and process_gone(pid)
+    assert pid is not None and not process_running(pid)
     assert not data_dir.exists()
 
 

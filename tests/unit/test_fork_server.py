@@ -8,8 +8,8 @@ import signal
 import pytest
 
 from tests import tasks
+from tests.processes import process_running
 from tests.unit.test_task_process_batches import execution, value
-from tests.unit.test_task_process_recycling import _alive
 from tests.waiting import wait_until
 from zktasks import executor
 from zktasks.exceptions import TaskProcessDied
@@ -64,7 +64,8 @@ def test_the_server_ignores_the_signals_of_the_process_group(runner):
     assert not runner.run(execution(tasks.exit_hard, 3)).ok  # the next needs a fork
     after = [value(runner.run(execution(tasks.origin))) for _ in range(2)]
     assert all(o["ppid"] == server for o in after)
-    assert _alive(server) and sum(_alive(pid) for pid in pids) == 1  # the other one lived
+    assert process_running(server)
+    assert sum(process_running(pid) for pid in pids) == 1  # the other one lived
 
 
 def test_a_server_stuck_setting_django_up_stops_the_worker_with_the_reason(monkeypatch):
@@ -78,7 +79,7 @@ def test_a_server_stuck_setting_django_up_stops_the_worker_with_the_reason(monke
     server = executor.fork_server_pid()
     with pytest.raises(TaskProcessDied, match=r"did not set up Django within 1s.*--pool thread"):
         runner.wait_ready()
-    wait_until(lambda: not _alive(server), 10, "the stuck fork server to be killed")
+    wait_until(lambda: not process_running(server), 10, "the stuck fork server to be killed")
     assert all(slot.process is None for slot in runner.slots)
 
 

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from tests import tasks
+from tests.processes import process_running
 from tests.unit.test_task_process_batches import execution, runs, value
 from tests.waiting import wait_until
 from zktasks import executor
@@ -28,14 +29,6 @@ def make_runner():
         runner.stop()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_task_process_is_replaced_after_max_tasks_jobs(make_runner, caplog):
     caplog.set_level(logging.INFO, logger="zktasks.executor")
     runner = make_runner(max_tasks=2)
@@ -45,7 +38,7 @@ def test_a_task_process_is_replaced_after_max_tasks_jobs(make_runner, caplog):
     replaced = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
     assert len(replaced) == 2 and "ran 2 job(s) (--max-tasks-per-child 2)" in replaced[0]
     # The processes it replaced exited (and were reaped), none was left behind.
-    wait_until(lambda: not any(_alive(pid) for pid in pids[:4]), 60, "replaced to exit")
+    wait_until(lambda: not any(process_running(pid) for pid in pids[:4]), 60, "replaced to exit")
 
 
 def test_a_batch_is_split_where_the_process_reaches_its_limit(make_runner, tmp_path):
@@ -82,7 +75,7 @@ def test_a_replaced_process_held_up_by_a_thread_is_killed(make_runner, monkeypat
     stuck = value(runner.run(execution(tasks.leaves_a_thread)))
     # The runner did not wait for it: the next job runs in a fresh process at once.
     assert value(runner.run(execution(tasks.pid))) not in (stuck, os.getpid())
-    wait_until(lambda: not _alive(stuck), 60, "the stuck process to be killed")
+    wait_until(lambda: not process_running(stuck), 60, "the stuck process to be killed")
     assert any("did not exit" in r.getMessage() for r in caplog.records)
 
 
