@@ -551,3 +551,30 @@ def _backoff_that_exits(attempt, exc):
 @zk_task(max_attempts=3, backoff=_backoff_that_exits)
 def fails_with_a_backoff_that_exits():
     raise ValueError("the task's own failure")
+
+
+def _loaded_here(marker_dir, spare_pid):
+    """Rebuilds a CrashesWhoeverLoadsIt: notes the process that unpickled it, then, in
+    any process but `spare_pid` (the test's own, where start_worker runs the worker),
+    ends that process as a crash while unpickling would (an extension built for
+    another ABI segfaults)."""
+    import threading
+
+    with open(Path(marker_dir, "loaded"), "a") as notes:
+        notes.write(f"{os.getpid()} {threading.current_thread().name}\n")
+    if os.getpid() != spare_pid:
+        os._exit(70)
+    raise RuntimeError("unpickled in the worker's own process")
+
+
+class CrashesWhoeverLoadsIt:
+    def __init__(self, marker_dir, spare_pid):
+        self.marker_dir, self.spare_pid = marker_dir, spare_pid
+
+    def __reduce__(self):
+        return _loaded_here, (self.marker_dir, self.spare_pid)
+
+
+@zk_task(max_attempts=2, backoff=lambda attempt, exc: 0)
+def takes_anything(value, label="plain"):
+    return label

@@ -437,16 +437,7 @@ class ZooKeeperBackend(BaseTaskBackend):
         if task is None or args is None:
             func, args, kwargs, policy = self._load_call(record)
             task = self._task_for(record, func, policy)
-        return_value = None
-        if record.state == records.SUCCESSFUL and record.result is not None:
-            try:
-                return_value = envelope.load(record.result, job_id=record.id,
-                                             kind=envelope.RESULT,
-                                             keys=self.conf.verify_keys)
-            except Exception as exc:
-                # The status stays readable; only return_value raises (ZkTaskResult).
-                logger.warning("result not loadable job=%s: %r", record.id, exc)
-                return_value = UnloadableValue(record.id, exc)
+        return_value = self.return_value_of(record)
         result = ZkTaskResult(
             task=task,
             id=record.id,
@@ -466,6 +457,19 @@ class ZooKeeperBackend(BaseTaskBackend):
         )
         object.__setattr__(result, "_return_value", return_value)
         return result
+
+    def return_value_of(self, record: StatusRecord):
+        """The verified return value of a SUCCESSFUL record (else None), or an
+        UnloadableValue that says why it cannot be had here."""
+        if record.state != records.SUCCESSFUL or record.result is None:
+            return None
+        try:
+            return envelope.load(record.result, job_id=record.id, kind=envelope.RESULT,
+                                 keys=self.conf.verify_keys)
+        except Exception as exc:
+            # The status stays readable; only return_value raises (ZkTaskResult).
+            logger.warning("result not loadable job=%s: %r", record.id, exc)
+            return UnloadableValue(record.id, exc)
 
     def _load_call(self, record: StatusRecord):
         """Return (function, args, kwargs) of a record, from its verified payload.

@@ -36,12 +36,13 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, KazooState
 
-from . import envelope, records, schedule_state
+from . import envelope, records, schedule_state, serialization
 from .client import get_client
 from .exceptions import CorruptRecord, PayloadVerificationError, ZooKeeperUnavailableError
 from .records import StatusRecord
 from .schedules import tick_job_id
 from .store import TRANSIENT, Store
+from .task import UnloadableValue
 from .tree import (
     BUCKET_MS,
     bucket_start,
@@ -163,6 +164,22 @@ def call_repr(args, kwargs, limit: int = REPR_LIMIT) -> str:
     parts += [f"{k}={short_repr(v, 400)}" for k, v in kwargs.items()]
     text = ", ".join(parts)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _holds_stand_ins(value, budget: int = 10_000) -> bool:
+    """Whether serialization.Unloaded stand-ins are among peeked arguments."""
+    stack = [value]
+    while stack and budget > 0:
+        budget -= 1
+        item = stack.pop()
+        if isinstance(item, serialization.Unloaded):
+            return True
+        if isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+    return False
 
 
 def duration(start: datetime | None, end: datetime | None) -> str:
@@ -767,16 +784,27 @@ class Reader:
     def _call_and_value(self, record: StatusRecord) -> tuple[str, str, str, str]:
         backend = self.backend
         args_note = result_note = value = ""
-        # From the record this page read (not a second read of it): build_result never
-        # raises for what it cannot load; a return value it could not load raises below.
-        result = backend.build_result(record)
-        args = call_repr(result.args, result.kwargs)
-        if not result.args and not result.kwargs and record.args_repr:
-            args_note = ("The arguments could not be loaded in the web process (the task's "
-                         "code is not importable here); the worker loads them.")
+        peeked = self._peek_arguments(record)
+        if peeked is None:
+            args = ""
+            if record.args_repr:
+                args_note = ("The arguments could not be read in the web process; when "
+                             f"submitted they read: {record.args_repr}")
+        else:
+            args = call_repr(*peeked)
+            if _holds_stand_ins(peeked):
+                args_note = (
+                    "Objects other than plain data are not unpickled in the web process "
+                    "(that runs their class's code: one that crashes or hangs would take "
+                    "this process with it). When submitted they read: "
+                    f"{record.args_repr or '(not recorded)'}")
         if record.state == records.SUCCESSFUL:
+            # From the record this page read (not a second read of it).
+            loaded = backend.return_value_of(record)
             try:
-                value = short_repr(result.return_value)
+                if isinstance(loaded, UnloadableValue):
+                    loaded.raise_error()
+                value = short_repr(loaded)
             except PayloadVerificationError as exc:
                 result_note = f"Not shown: {exc}"
             except Exception as exc:  # a verified value whose class is not importable here
@@ -785,6 +813,19 @@ class Reader:
                                f"process ({type(cause).__name__}: "
                                f"{short_repr(str(cause), 300)}).")
         return args, args_note, value, result_note
+
+    def _peek_arguments(self, record: StatusRecord) -> tuple[tuple, dict] | None:
+        """The job's arguments as serialization.peek_arguments sees them (plain data
+        as it is, stand-ins for other objects); None if they cannot be read here."""
+        if record.payload is None:
+            return None
+        try:
+            blob = envelope.open_envelope(record.payload, job_id=record.id,
+                                          kind=envelope.PAYLOAD,
+                                          keys=self.backend.conf.verify_keys)
+        except PayloadVerificationError:
+            return None  # the page says why (verified is False)
+        return serialization.peek_arguments(blob)
 
     def _places(self, record: StatusRecord) -> list[tuple[str, str]]:
         from .tree import delayed_node_name, job_node_name

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import datetime
 import decimal
+import functools
 import importlib
 import io
 import math
@@ -267,11 +268,12 @@ def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = Non
     if callable(policy.backoff) and travels_by_value(policy.backoff):
         policy = RetryPolicy(function_spec(policy.backoff, by_value=True), policy.retry_on)
     call = (spec, tuple(args), dict(kwargs), policy)
-    if isinstance(spec, FunctionRef) and _plain_policy(policy) and _plain(call[1:3]):
-        return _fast_dumps(call)
+    plain_policy = _plain_policy(policy)
+    if isinstance(spec, FunctionRef) and plain_policy and _plain(call[1:3]):
+        return _fast_dumps(call) + _policy_trailer(policy, plain_policy)
     _refuse_open_files(task_path, args, kwargs)
     try:
-        return _dill_dumps(call)
+        return _dill_dumps(call) + _policy_trailer(policy, plain_policy)
     except _OpenFileFound as found:
         raise SerializationError(
             f"Task {task_path!r} cannot be submitted: it holds an open file "
@@ -281,15 +283,63 @@ def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = Non
             "share and pass the name, or pass its bytes.") from None
     except Exception as exc:
         if (isinstance(exc, RecursionError) and isinstance(spec, FunctionRef)
-                and _plain_policy(policy) and _plain_nested(call[1:3])):
+                and plain_policy and _plain_nested(call[1:3])):
             with contextlib.suppress(RecursionError):
-                return _fast_dumps(call)
+                return _fast_dumps(call) + _policy_trailer(policy, plain_policy)
         culprit = _find_culprit(spec, args, kwargs)
         raise SerializationError(
             f"Task {task_path!r} cannot be submitted: {culprit} cannot be serialized by dill "
             f"({type(exc).__name__}: {exc}); pass something dill can pickle instead, "
             "such as a primary key or a file path."
         ) from exc
+
+
+# The retry policy travels twice: inside the call, and again after it, pickled on its
+# own, so that a worker process can ask it (after its task process died or was killed
+# at its time limit) without unpickling the arguments. Unpickling an argument runs its
+# class's code (an extension built for another ABI can crash the process, a
+# __setstate__ can hang): that is for the task process alone, whose death costs one job.
+# (Celery's task protocol 2 moved its headers out of the body for the same reason.)
+#
+#   blob = <pickle of (spec, args, kwargs, policy)> <policy pickle> <its length, 4 bytes>
+#          <POLICY_MARK>
+#
+# pickle.loads and dill.loads stop at the first pickle's STOP and ignore what follows, so
+# a worker of the previous release reads these bytes as before (a rolling upgrade), and
+# a pickle always ends with STOP ("."), so bytes written before this trailer existed
+# never end with the mark. The default policy is an empty pickle: 8 bytes in all.
+POLICY_MARK = b"ZKrp"
+_POLICY_TRAILER = len(POLICY_MARK) + 4
+
+
+def _policy_trailer(policy: "RetryPolicy", plain: bool) -> bytes:
+    if policy.backoff is None and policy.retry_on is None:
+        pickled = b""
+    elif plain:
+        pickled = _fast_dumps(policy)
+    else:
+        pickled = _dill_dumps(policy)  # a backoff by value, or a retry_on class of __main__
+    return pickled + len(pickled).to_bytes(4, "big") + POLICY_MARK
+
+
+def load_policy(blob: bytes) -> "RetryPolicy | None":
+    """The retry policy of verified call bytes, read without touching their arguments;
+    None for bytes written before the policy travelled apart (load_call has it)."""
+    if not blob.endswith(POLICY_MARK) or len(blob) < _POLICY_TRAILER:
+        return None
+    end = len(blob) - _POLICY_TRAILER
+    size = int.from_bytes(blob[end:end + 4], "big")
+    if size > end:
+        return None
+    if size == 0:
+        return RetryPolicy()
+    return _resolved(loads(blob[end - size:end]))
+
+
+def _resolved(policy: "RetryPolicy") -> "RetryPolicy":
+    if isinstance(policy.backoff, FunctionRef | ByValue):
+        return RetryPolicy(policy.backoff.resolve(), policy.retry_on)
+    return policy
 
 
 # Plain data pickles the same with the standard library's C pickler as with dill, at a
@@ -494,9 +544,141 @@ def loads(blob: bytes):
 def load_call(blob: bytes) -> Call:
     """Return the call held in verified bytes."""
     spec, args, kwargs, policy = loads(blob)
-    if isinstance(policy.backoff, FunctionRef | ByValue):
-        policy = RetryPolicy(policy.backoff.resolve(), policy.retry_on)
-    return Call(spec.resolve(), args, kwargs, policy)
+    return Call(spec.resolve(), args, kwargs, _resolved(policy))
+
+
+class Unloaded(type):
+    """What peek_call puts where an object was that a worker process does not unpickle:
+    its class's code never ran there. `path` names what would have made it (a class, a
+    Django model as "app_label.Model", a function). `isinstance(x, Unloaded)` tells one.
+
+    Each stand-in is a class of this metaclass, so that every way pickle rebuilds an
+    object lands on it: called (REDUCE), its __new__ (NEWOBJ, which wants a type), its
+    state set (BUILD), items added (APPENDS, SETITEMS). All of them give a stand-in back
+    and keep nothing.
+    """
+
+    path: str
+
+    def __call__(cls, *args, **kwargs):
+        return _stand_in(_made_by(cls.path, args))
+
+    def __setstate__(cls, state):
+        pass
+
+    def append(cls, item):
+        pass
+
+    def extend(cls, items):
+        pass
+
+    def __setitem__(cls, key, value):
+        pass
+
+    def __repr__(cls):
+        return f"<unloaded {cls.path}>"
+
+
+@functools.lru_cache(maxsize=256)
+def _stand_in(path: str) -> Unloaded:
+    def __new__(cls, *args, **kwargs):  # noqa: N807 (NEWOBJ calls cls.__new__(cls, ...))
+        return cls
+
+    return Unloaded("Unloaded", (), {"path": path, "__new__": __new__, "__slots__": ()})
+
+
+def _made_by(path: str, args: tuple) -> str:
+    """A better name than the rebuilding function's, where its arguments tell one."""
+    try:
+        if path == "dill._dill._create_type":  # a class by value: (type, name, bases, dict)
+            namespace = args[3]
+            return f"{namespace.get('__module__', '?')}.{namespace.get('__qualname__', args[1])}"
+        if path == "django.db.models.base.model_unpickle":  # a model instance
+            return ".".join(args[0])
+    except Exception:
+        pass
+    return path
+
+
+# What peek_call builds for real: types whose unpickling runs no code but the standard
+# library's (plain data as _plain knows it, and what Django projects pass most).
+_PEEKABLE = frozenset({
+    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"),
+    ("builtins", "bytearray"), ("builtins", "range"), ("builtins", "slice"),
+    *(("builtins", name) for name in ("int", "float", "str", "bytes", "bool", "list",
+                                       "dict", "tuple")),
+    ("_codecs", "encode"), ("collections", "OrderedDict"),
+    ("datetime", "date"), ("datetime", "datetime"), ("datetime", "time"),
+    ("datetime", "timedelta"), ("datetime", "timezone"), ("decimal", "Decimal"),
+    ("uuid", "UUID"), ("zoneinfo", "ZoneInfo._unpickle"), ("zoneinfo", "ZoneInfo"),
+    (__name__, "FunctionRef"), (__name__, "RetryPolicy"), (__name__, "ByValue"),
+})
+
+
+class _Peeker(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in _PEEKABLE:
+            return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _peek_getattr  # dill's way to name ZoneInfo._unpickle
+        if (module, name) == ("dill._dill", "_load_type"):
+            return _peek_type  # dill's way to name a builtin type (complex, ValueError)
+        return _stand_in(f"{module}.{name}")
+
+
+def _peek_type(name: str):
+    """dill's _load_type for the builtin types peek_call builds, a stand-in else (code
+    and function types, say, which would rebuild a function)."""
+    kind = getattr(builtins, name, None)
+    if isinstance(kind, type) and (("builtins", name) in _PEEKABLE
+                                   or issubclass(kind, BaseException)):
+        return kind
+    return _stand_in(f"builtins.{name}")
+
+
+def _peek_getattr(obj, name, *default):
+    if isinstance(obj, type) and not isinstance(obj, Unloaded) and \
+            (obj.__module__, f"{obj.__qualname__}.{name}") in _PEEKABLE:
+        return getattr(obj, name)
+    return _stand_in(f"{getattr(obj, 'path', '?')}.{name}")
+
+
+def peek_call(blob: bytes, task_path: str) -> Call:
+    """The call in verified bytes as a worker process may look at it, for the results
+    its signals carry: the function by its import path, arguments of plain types as they
+    are, and Unloaded stand-ins for anything else, whose class's code does not run here.
+    A function sent by value is the one at `task_path` if this process has it (as
+    ByValue.resolve), else a stand-in. Its policy is the one that travels apart
+    (load_policy), or the default one for bytes written before it did.
+    """
+    spec, args, kwargs = _peek(blob) or (None, (), {})
+    if isinstance(spec, FunctionRef):
+        func = spec.resolve()
+    else:
+        module, _, qualname = task_path.rpartition(".")
+        func = find_local(module, qualname) or _unloaded_function
+    return Call(func, tuple(args), dict(kwargs), load_policy(blob) or RetryPolicy())
+
+
+def peek_arguments(blob: bytes) -> tuple[tuple, dict] | None:
+    """The arguments in verified bytes as peek_call gives them, without the function
+    (which need not be importable here); None if they cannot be told."""
+    peeked = _peek(blob)
+    return None if peeked is None else peeked[1:]
+
+
+def _peek(blob: bytes):
+    try:
+        spec, args, kwargs, _ = _Peeker(io.BytesIO(blob)).load()
+    except Exception:
+        # A real type refused a stand-in among its parts (a datetime given a tzinfo
+        # that is not one): no arguments, as for a payload that cannot be loaded.
+        return None
+    return spec, tuple(args), dict(kwargs)
+
+
+def _unloaded_function(*args, **kwargs):
+    raise RuntimeError("A function sent by value is not loaded in a worker process.")
 
 
 def dump_value(value) -> bytes:
@@ -542,4 +724,6 @@ def _safe_repr(value) -> str:
     return text if len(text) <= 200 else text[:199] + "…"
 
 
-__all__ = ["dump_call", "load_call", "loads", "dump_value", "function_spec", "short_repr"]
+__all__ = ["dump_call", "load_call", "load_policy", "peek_call", "peek_arguments",
+           "loads", "dump_value",
+           "function_spec", "short_repr", "Unloaded"]

@@ -45,7 +45,7 @@ from .exceptions import (
     PayloadVerificationError,
     ZooKeeperUnavailableError,
 )
-from .executor import BATCH_MAX, Execution, Outcome, make_runner
+from .executor import BATCH_MAX, Execution, Outcome, ProcessRunner, make_runner
 from .handler import inline_watch
 from .leader import Leader
 from .prefetch import Prefetch
@@ -1136,7 +1136,7 @@ class Worker:
                     running.attempts, worker_id)
         call = None
         if self._wants(task_started) or self._wants(task_finished):
-            call = self._load(blob, job_id)
+            call = self._signal_call(blob, running)
         self._send(task_started, running, call)
         return _Run(blob, running, commit, call, Execution(
             job_id=job_id, blob=blob, record_json=running_bytes, timeout=running.timeout,
@@ -1163,10 +1163,10 @@ class Worker:
             self._events.put(("prefetch", None))
         if not outcome.ok and outcome.retry_delay is None and outcome.error.exception_class_path \
                 in ("zktasks.exceptions.TaskTimeout", "zktasks.exceptions.TaskProcessDied"):
-            # The task process could not decide (killed or gone): decide here.
-            if call is None:
-                call = self._load(run.blob, job_id)
-            outcome = self._parent_side_retry(outcome, call, running.attempts)
+            # The task process could not decide (killed or gone): decide here, from the
+            # policy alone (never the arguments: one may be what killed it).
+            outcome = self._parent_side_retry(outcome, self._policy(run.blob, job_id),
+                                              running.attempts)
         if self._stopping.is_set() and not outcome.ok:
             # Killed by a forced stop, not by its own doing: leave the assignment, so the
             # leader hands the job back once our session ends (at-least-once).
@@ -1300,14 +1300,14 @@ class Worker:
         return running.evolve(state=records.FAILED, finished_at=now, errors=errors).fit(
             limit), False
 
-    def _parent_side_retry(self, outcome: Outcome, call, attempt: int) -> Outcome:
+    def _parent_side_retry(self, outcome: Outcome, policy, attempt: int) -> Outcome:
         from . import exceptions
         from .executor import retry_delay
 
-        if call is None:
+        if policy is None:
             return outcome
         kind = getattr(exceptions, outcome.error.exception_class_path.rsplit(".", 1)[1])
-        delay = retry_delay(call.policy, attempt, kind(outcome.error.message))
+        delay = retry_delay(policy, attempt, kind(outcome.error.message))
         return Outcome(ok=False, error=outcome.error, retry_delay=delay)
 
     def _fail_corrupt(self, worker_id: str, job_id: str, exc: Exception) -> None:
@@ -1355,17 +1355,36 @@ class Worker:
             logger.error("assignment without status record job=%s worker=%s; moved aside "
                          "to %s", job_id, worker_id, entry)
 
-    def _load(self, blob: bytes, job_id: str):
-        """Load a verified call once per job, for signals and the retry policy.
+    def _signal_call(self, blob: bytes, record: StatusRecord):
+        """The call for the results that signals carry; None if it cannot be loaded here
+        (its code is importable only in task processes, say): the job still runs there,
+        and Django's log line still goes.
 
-        None if this process cannot load it (its code is importable only in task
-        processes, say): the job still runs there; only the signals are skipped.
+        With task processes, this process never unpickles a job's arguments
+        (serialization.peek_call): one whose unpickling crashes or hangs (an extension
+        built for another ABI, a __setstate__ that waits) must cost its task process, not
+        the worker and every job it holds. In the thread pool the job runs here anyway.
         """
         try:
+            if isinstance(self.runner, ProcessRunner):
+                return serialization.peek_call(blob, record.task)
             return serialization.load_call(blob)
         except Exception:
             logger.warning("call not loadable in the worker process job=%s; signals skipped",
-                           job_id, exc_info=True)
+                           record.id, exc_info=True)
+            return None
+
+    def _policy(self, blob: bytes, job_id: str):
+        """The job's retry policy, read apart from its arguments; None (no retry) if it
+        cannot be loaded here."""
+        try:
+            policy = serialization.load_policy(blob)
+            if policy is None:  # bytes from before the policy travelled apart
+                policy = serialization.load_call(blob).policy
+            return policy
+        except Exception:
+            logger.warning("retry policy not loadable in the worker process job=%s; not "
+                           "retried", job_id, exc_info=True)
             return None
 
     def _leader_failed(self, record: StatusRecord) -> None:
@@ -1383,7 +1402,7 @@ class Worker:
                 except PayloadVerificationError:
                     blob = None  # never loaded unverified; Django's log line still goes
                 if blob is not None:
-                    call = self._load(blob, record.id)
+                    call = self._signal_call(blob, record)
             self._send(task_finished, record, call)
 
         threading.Thread(target=send, name="zktasks-failed-job-signal", daemon=True).start()

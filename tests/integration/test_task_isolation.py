@@ -9,6 +9,7 @@ import pytest
 from django.tasks import TaskResultStatus
 
 from tests import tasks
+from tests.waiting import wait_until
 
 
 def test_a_time_limit_of_weeks_lets_its_job_run_once(zk_settings, start_worker):
@@ -89,3 +90,64 @@ def test_a_backoff_that_raises_system_exit_means_no_retry(zk_settings, start_wor
     result = tasks.fails_with_a_backoff_that_exits.submit().wait(timeout=60)
     assert result.status == TaskResultStatus.FAILED and result.attempts == 1
     assert tasks.add.submit(1, 2).wait(timeout=30).return_value == 3
+
+
+@pytest.fixture
+def signalled():
+    """Results sent with task_started and task_finished, by a receiver other than
+    Django's own (so the worker builds them)."""
+    from django.tasks.signals import task_finished, task_started
+
+    seen = {"started": [], "finished": []}
+
+    def started(sender, task_result, **kwargs):
+        seen["started"].append(task_result)
+
+    def finished(sender, task_result, **kwargs):
+        seen["finished"].append(task_result)
+
+    task_started.connect(started, weak=False)
+    task_finished.connect(finished, weak=False)
+    yield seen
+    task_started.disconnect(started)
+    task_finished.disconnect(finished)
+
+
+def test_the_worker_process_never_unpickles_a_job_s_arguments(
+        zk_settings, start_worker, signalled, tmp_path):
+    """An argument whose unpickling crashes its process costs task processes only. The
+    worker unpickled the whole call to ask its retry policy after the task process died
+    (and again to build the results its signals carry): the crash took the worker down
+    with every job it held, and then the next worker the job went to. The policy now
+    travels apart from the arguments, and signals get the arguments that are plain
+    data, with stand-ins for the rest."""
+    from zktasks.serialization import Unloaded
+
+    start_worker(pool="process", concurrency=1)
+    bomb = tasks.CrashesWhoeverLoadsIt(str(tmp_path), os.getpid())
+    result = tasks.takes_anything.submit(bomb, label="bomb").wait(timeout=60)
+    loads = [line.split(" ", 1) for line in (tmp_path / "loaded").read_text().splitlines()]
+    # The worker runs in this process, on threads of its own; wait() loads the result
+    # here too, on this thread (a web process reading its job: not the worker's).
+    here = [thread for pid, thread in loads if int(pid) == os.getpid()]
+    assert here == ["MainThread"]
+    # One task process per attempt, each died loading it.
+    assert len({pid for pid, _ in loads if int(pid) != os.getpid()}) == 2
+    # Its retry policy was asked all the same: a second attempt, then the end.
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 2
+    assert [e.exception_class_path for e in result.errors] == [
+        "zktasks.exceptions.TaskProcessDied"] * 2
+    wait_until(lambda: signalled["finished"], 30, "task_finished")
+    started = [r for r in signalled["started"] if r.id == result.id]
+    assert len(started) == 2
+    for sent in started:
+        [stand_in] = sent.args
+        assert isinstance(stand_in, Unloaded) and stand_in.path == "tests.tasks._loaded_here"
+        assert sent.kwargs == {"label": "bomb"}  # plain data comes as it is
+    [finished] = signalled["finished"]
+    assert finished.id == result.id and finished.status == TaskResultStatus.FAILED
+    # The worker goes on, and a job of plain data reaches the receivers whole.
+    plain = tasks.takes_anything.submit({"n": [1, 2]}, label="plain").wait(timeout=30)
+    assert plain.return_value == "plain"
+    wait_until(lambda: len(signalled["finished"]) == 2, 30, "the second task_finished")
+    assert signalled["finished"][1].args == [{"n": [1, 2]}]

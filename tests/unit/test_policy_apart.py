@@ -1,0 +1,106 @@
+"""A job's retry policy travels apart from its arguments (serialization.load_policy),
+and a worker process looks at a call without unpickling its arguments (peek_call)."""
+
+import datetime
+import decimal
+import json
+import pickle
+import uuid
+import zoneinfo
+
+import dill
+
+from tests import tasks
+from zktasks import serialization
+from zktasks.serialization import RetryPolicy, Unloaded
+
+
+class Recorded:
+    """An argument whose unpickling is seen: it appends to `LOADED`."""
+
+    def __reduce__(self):
+        return _note_loaded, ()
+
+
+LOADED: list = []
+
+
+def _note_loaded():
+    LOADED.append(1)
+    return "loaded"
+
+
+class Local:  # a class of a test module: travels by value, like one of __main__
+    def __init__(self):
+        self.x = 1
+
+
+def test_a_worker_of_the_previous_release_reads_the_new_bytes():
+    """pickle.loads and dill.loads stop at the call's STOP: the policy after it is
+    invisible to a worker that does not know it is there (a rolling upgrade)."""
+    policy = RetryPolicy(backoff=2.0, retry_on=(ValueError,))
+    plain = serialization.dump_call(json.dumps, (1, "a"), {"k": [2]}, task_path="t",
+                                    policy=policy)
+    assert pickle.loads(plain) == (serialization.FunctionRef("json", "dumps"), (1, "a"),
+                                   {"k": [2]}, policy)
+    by_value = serialization.dump_call(lambda x: x * 3, (Local(),), {}, task_path="t",
+                                       policy=RetryPolicy(backoff=lambda a, e: 9))
+    spec, args, kwargs, old_policy = dill.loads(by_value)
+    assert spec.resolve()(2) == 6 and args[0].x == 1 and old_policy.backoff.resolve()(1, 0) == 9
+
+
+def test_the_policy_is_read_without_the_arguments():
+    LOADED.clear()
+    for policy in (RetryPolicy(), RetryPolicy(backoff=5, retry_on=(KeyError, OSError)),
+                   RetryPolicy(backoff=lambda attempt, exc: attempt * 10)):
+        blob = serialization.dump_call(json.dumps, (Recorded(),), {}, task_path="t",
+                                       policy=policy)
+        read = serialization.load_policy(blob)
+        assert read.retry_on == policy.retry_on
+        if callable(policy.backoff):
+            assert read.backoff(3, None) == 30
+        else:
+            assert read.backoff == policy.backoff
+    assert LOADED == []
+    assert serialization.load_call(blob).args == ("loaded",)  # the task process's load
+    # The default policy costs 8 bytes.
+    bare = serialization.dump_call(json.dumps, (1,), {}, task_path="t")
+    assert len(bare) == len(pickle.dumps(pickle.loads(bare), pickle.HIGHEST_PROTOCOL)) + 8
+
+
+def test_bytes_from_before_say_so():
+    """No trailer: load_policy says None (the worker then loads the call, as before)."""
+    old = dill.dumps((serialization.FunctionRef("json", "dumps"), (1,), {}, RetryPolicy(3)))
+    assert serialization.load_policy(old) is None
+    assert serialization.peek_call(old, "json.dumps").policy == RetryPolicy()
+
+
+def test_peek_call_builds_plain_data_and_stands_in_for_the_rest():
+    from django.contrib.auth.models import User
+
+    LOADED.clear()
+    plain = (1, 2.5, "s", b"b", None, True, [1, {2, 3}], {"k": (4,)}, frozenset({5}),
+             1 + 2j, decimal.Decimal("1.10"), uuid.UUID(int=7),
+             datetime.datetime(2026, 1, 2, 3, 4, tzinfo=zoneinfo.ZoneInfo("Europe/Paris")),
+             datetime.date(2026, 1, 2), datetime.timedelta(seconds=3), ValueError("v"), int)
+    others = {"recorded": Recorded(), "local": Local(), "user": User(username="u"),
+              "function": lambda: 1}
+    for func in (json.dumps, tasks.add.func):  # by reference (C pickle), by value (dill)
+        blob = serialization.dump_call(func, plain, others, task_path="tests.tasks.add")
+        call = serialization.peek_call(blob, "tests.tasks.add")
+        assert call.args[:-2] == plain[:-2]
+        assert str(call.args[-2]) == "v" and call.args[-1] is int
+        assert all(isinstance(v, Unloaded) for v in call.kwargs.values())
+        assert call.kwargs["recorded"].path == f"{__name__}._note_loaded"
+        assert call.kwargs["user"].path == "auth.User"
+        assert repr(call.kwargs["user"]) == "<unloaded auth.User>"
+        if func is tasks.add.func:  # by value: found here by its path, as resolve() does
+            assert call.func is tasks.add.func
+            assert call.kwargs["local"].path == f"{__name__}.Local"
+    assert LOADED == []
+
+
+def test_peek_call_of_a_function_by_value_that_is_not_here():
+    blob = serialization.dump_call(lambda: 1, (), {}, task_path="nowhere.f")
+    call = serialization.peek_call(blob, "nowhere.f")
+    assert call.args == () and not isinstance(call.func, Unloaded)
