@@ -397,6 +397,18 @@ def leaves_a_thread():
     return os.getpid()
 
 
+@zk_task
+def leaves_a_child_process(marker_dir):
+    """Start a non-daemon multiprocessing child that sleeps for two minutes: the process
+    waits for it as it exits (multiprocessing joins such children at exit)."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,))
+    child.start()
+    Path(marker_dir, "child").write_text(str(child.pid))
+    return os.getpid()
+
+
 # Set by the test that uses them (in-process thread-pool workers only).
 rerun_gates: dict[str, threading.Event] = {}
 

@@ -761,9 +761,16 @@ RETIRE_GRACE = 10.0  # seconds a replaced task process has to exit before it is 
 def _reap_retired(process) -> None:
     process.join(RETIRE_GRACE)
     if process.is_alive():
-        logger.warning("A replaced task process (pid %s) did not exit within %gs (a "
-                       "non-daemon thread left running?); killing it.",
-                       process.pid, RETIRE_GRACE)
+        children = _child_pids(process.pid)
+        if children:
+            # multiprocessing joins a process's non-daemon children as it exits.
+            cause = (f"it waits for {len(children)} process(es) it started, pid "
+                     f"{', '.join(map(str, children))}, which it joins at exit; they are "
+                     "left running")
+        else:
+            cause = "a non-daemon thread left running?"
+        logger.warning("A replaced task process (pid %s) did not exit within %gs (%s); "
+                       "killing it.", process.pid, RETIRE_GRACE, cause)
         process.kill()
         process.join(5)
     try:
@@ -782,6 +789,18 @@ def _rss_kb(pid: int) -> int | None:
             return int(statm.read().split()[1]) * _PAGE_KB
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _child_pids(pid: int) -> list[int]:
+    """The live children of a process (Linux /proc); empty where they cannot be read."""
+    found: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as children:
+                found += [int(child) for child in children.read().split()]
+    except (OSError, ValueError):
+        pass
+    return sorted(found)
 
 
 def _describe_exit(code) -> str:

@@ -1,6 +1,7 @@
 """--max-tasks-per-child and --max-memory-per-child: ProcessRunner replaces a task process
 between jobs, with real task processes (no ZooKeeper involved)."""
 
+import contextlib
 import logging
 import os
 
@@ -77,6 +78,28 @@ def test_a_replaced_process_held_up_by_a_thread_is_killed(make_runner, monkeypat
     assert value(runner.run(execution(tasks.pid))) not in (stuck, os.getpid())
     wait_until(lambda: not process_running(stuck), 60, "the stuck process to be killed")
     assert any("did not exit" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")
+def test_a_replaced_process_held_up_by_a_child_process_says_so(make_runner, monkeypatch,
+                                                                caplog, tmp_path):
+    """The warning blamed a thread when the process was waiting for a multiprocessing
+    child its task started; it names the child now."""
+    import signal
+
+    monkeypatch.setattr(executor, "RETIRE_GRACE", 0.5)
+    runner = make_runner(max_tasks=1)
+    try:
+        stuck = value(runner.run(execution(tasks.leaves_a_child_process, str(tmp_path))))
+        child = int((tmp_path / "child").read_text())
+        runner.run(execution(tasks.pid))
+        wait_until(lambda: not process_running(stuck), 60, "the stuck process to be killed")
+        [warning] = [r.getMessage() for r in caplog.records if "did not exit" in r.getMessage()]
+        assert f"it waits for 1 process(es) it started, pid {child}," in warning
+    finally:
+        if (tmp_path / "child").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int((tmp_path / "child").read_text()), signal.SIGKILL)
 
 
 def test_threads_have_no_process_to_replace():
