@@ -590,3 +590,8 @@ class CrashesWhoeverLoadsIt:
 @zk_task(max_attempts=2, backoff=lambda attempt, exc: 0)
 def takes_anything(value, label="plain"):
     return label
+
+
+@zk_task
+def returns_what_crashes_its_reader(marker_dir, spare_pid):
+    return CrashesWhoeverLoadsIt(marker_dir, spare_pid)

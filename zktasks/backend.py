@@ -432,12 +432,15 @@ class ZooKeeperBackend(BaseTaskBackend):
             )
         return self.build_result(found.record)
 
-    def build_result(self, record: StatusRecord, *, task=None, args=None, kwargs=None):
-        """Turn a status record into a ZkTaskResult, loading only verified pickles."""
+    def build_result(self, record: StatusRecord, *, task=None, args=None, kwargs=None,
+                     peek: bool = False):
+        """Turn a status record into a ZkTaskResult, loading only verified pickles;
+        `peek`: its return value as serialization.peek_value reads it (a worker process,
+        for its signals)."""
         if task is None or args is None:
             func, args, kwargs, policy = self._load_call(record)
             task = self._task_for(record, func, policy)
-        return_value = self.return_value_of(record)
+        return_value = self.return_value_of(record, peek=peek)
         result = ZkTaskResult(
             task=task,
             id=record.id,
@@ -458,12 +461,16 @@ class ZooKeeperBackend(BaseTaskBackend):
         object.__setattr__(result, "_return_value", return_value)
         return result
 
-    def return_value_of(self, record: StatusRecord):
+    def return_value_of(self, record: StatusRecord, *, peek: bool = False):
         """The verified return value of a SUCCESSFUL record (else None), or an
         UnloadableValue that says why it cannot be had here."""
         if record.state != records.SUCCESSFUL or record.result is None:
             return None
         try:
+            if peek:
+                return serialization.peek_value(envelope.open_envelope(
+                    record.result, job_id=record.id, kind=envelope.RESULT,
+                    keys=self.conf.verify_keys))
             return envelope.load(record.result, job_id=record.id, kind=envelope.RESULT,
                                  keys=self.conf.verify_keys)
         except Exception as exc:

@@ -305,7 +305,8 @@ class JobDetail:
     args: str = ""
     args_note: str = ""
     return_value: str = ""
-    result_note: str = ""
+    result_note: str = ""   # why the value is not shown
+    value_note: str = ""    # about the value shown (stand-ins in it)
     history: list = field(default_factory=list)
     places: list = field(default_factory=list)   # (label, znode path) where it is now
     waited: str = ""   # enqueued → first start
@@ -769,21 +770,22 @@ class Reader:
                 verified = True
             except PayloadVerificationError as exc:
                 why = str(exc)
-        args = args_note = value = result_note = ""
+        args = args_note = value = result_note = value_note = ""
         if verified:
-            args, args_note, value, result_note = self._call_and_value(record)
+            args, args_note, value, result_note, value_note = self._call_and_value(record)
         elif record.state == records.SUCCESSFUL:
             result_note = "Not shown: the job's payload did not pass its signature check."
         return JobDetail(record=record, version=found[1].version, verified=verified,
                          verification_error=why, args=args, args_note=args_note,
                          return_value=value, result_note=result_note,
+                         value_note=value_note,
                          history=history(record), places=self._places(record),
                          waited=duration(record.enqueued_at, record.started_at),
                          ran=duration(record.last_attempted_at, record.finished_at))
 
-    def _call_and_value(self, record: StatusRecord) -> tuple[str, str, str, str]:
+    def _call_and_value(self, record: StatusRecord) -> tuple[str, str, str, str, str]:
         backend = self.backend
-        args_note = result_note = value = ""
+        args_note = result_note = value = value_note = ""
         peeked = self._peek_arguments(record)
         if peeked is None:
             args = ""
@@ -798,21 +800,24 @@ class Reader:
                     "(that runs their class's code: one that crashes or hangs would take "
                     "this process with it). When submitted they read: "
                     f"{record.args_repr or '(not recorded)'}")
-        if record.state == records.SUCCESSFUL:
-            # From the record this page read (not a second read of it).
-            loaded = backend.return_value_of(record)
-            try:
-                if isinstance(loaded, UnloadableValue):
-                    loaded.raise_error()
-                value = short_repr(loaded)
-            except PayloadVerificationError as exc:
-                result_note = f"Not shown: {exc}"
-            except Exception as exc:  # a verified value whose class is not importable here
-                cause = exc.__cause__ or exc
-                result_note = (f"Not shown: the return value could not be loaded in the web "
-                               f"process ({type(cause).__name__}: "
-                               f"{short_repr(str(cause), 300)}).")
-        return args, args_note, value, result_note
+        if record.state == records.SUCCESSFUL and record.result is not None:
+            # From the record this page read (not a second read of it); read as the
+            # arguments are, and for the same reason.
+            peeked = backend.return_value_of(record, peek=True)
+            if isinstance(peeked, UnloadableValue):
+                error = peeked.error
+                result_note = (f"Not shown: {error}" if isinstance(
+                    error, PayloadVerificationError) else
+                    f"Not shown: the return value could not be read in the web process "
+                    f"({type(error).__name__}: {short_repr(str(error), 300)}).")
+            else:
+                value = short_repr(peeked)
+                if _holds_stand_ins(peeked):
+                    value_note = (
+                        "Objects other than plain data are not unpickled in the web "
+                        "process. When returned it read: "
+                        f"{record.result_repr or '(not recorded)'}")
+        return args, args_note, value, result_note, value_note
 
     def _peek_arguments(self, record: StatusRecord) -> tuple[tuple, dict] | None:
         """The job's arguments as serialization.peek_arguments sees them (plain data

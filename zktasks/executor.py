@@ -56,6 +56,7 @@ class Outcome:
     value_blob: bytes | None = None
     error: ErrorRecord | None = None
     retry_delay: float | None = None  # seconds before another attempt; None: no retry
+    value_repr: str | None = None      # serialization.value_repr (None: plain data)
 
     def __reduce__(self):
         return _rebuild, (Outcome, tuple(getattr(self, n) for n in _FIELDS[Outcome]))
@@ -109,7 +110,8 @@ def execute(execution: Execution, *, in_thread_pool: bool = False) -> Outcome:
     else:
         _leave_if_forked(owner, 0)
         try:
-            return Outcome(ok=True, value_blob=serialization.dump_value(value))
+            return Outcome(ok=True, value_blob=serialization.dump_value(value),
+                           value_repr=serialization.value_repr(value))
         except BaseException as exc:
             # The task ran to its end: another attempt would repeat its side effects only
             # to return the same value, so this failure is not retried (like a value too

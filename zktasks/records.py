@@ -128,6 +128,7 @@ class StatusRecord:
     timeout: float | None = None
     takes_context: bool = False
     args_repr: str = ""
+    result_repr: str | None = None  # a return value that is not plain data, for people
     unique_key: str | None = None
     result_ttl: float | None = None  # seconds the finished record is kept; None: RESULT_TTL
     payload: dict | None = None    # signed envelope of the call (function, args, kwargs)
@@ -203,6 +204,8 @@ class StatusRecord:
             del data["result_ttl"]
         if self.retry_at is None:
             del data["retry_at"]
+        if self.result_repr is None:
+            del data["result_repr"]
         data["v"] = SCHEMA
         return data
 
@@ -264,6 +267,7 @@ _SHAPES = {
     "id": lambda v: isinstance(v, str), "task": lambda v: isinstance(v, str),
     "backend": lambda v: isinstance(v, str), "queue": lambda v: isinstance(v, str),
     "args_repr": lambda v: isinstance(v, str), "extra": lambda v: isinstance(v, dict),
+    "result_repr": lambda v: v is None or isinstance(v, str),
     "priority": lambda v: _whole(v) and -100 <= v <= 100,
     "attempts": lambda v: _whole(v) and v >= 0,
     "max_attempts": lambda v: _whole(v) and v >= 1,

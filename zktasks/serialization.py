@@ -16,6 +16,7 @@ import io
 import math
 import pickle
 import random
+import reprlib
 import sys
 import tempfile
 import types
@@ -706,6 +707,32 @@ def dump_value(value) -> bytes:
         ) from exc
 
 
+_VALUE_REPR = reprlib.Repr(maxlevel=3, maxtuple=20, maxlist=20, maxarray=20, maxdict=20,
+                           maxset=20, maxfrozenset=20, maxdeque=20, maxstring=200,
+                           maxlong=100, maxother=200)
+VALUE_REPR_CHARS = 500
+
+
+def value_repr(value) -> str | None:
+    """A return value for people, recorded beside it for the dashboard, which does not
+    unpickle objects other than plain data (peek_value); None for plain data, which it
+    shows as it is. Never raises: a hostile __repr__ must not fail a job that ran."""
+    if _plain(value):
+        return None
+    try:
+        text = _VALUE_REPR.repr(value)
+    except BaseException:  # noqa: BLE001 (a __repr__ raising SystemExit included)
+        text = f"<{type(value).__qualname__}>"
+    return text if len(text) <= VALUE_REPR_CHARS else text[:VALUE_REPR_CHARS - 1] + "…"
+
+
+def peek_value(blob: bytes):
+    """A verified return value as peek_call reads arguments: plain data as it is,
+    Unloaded stand-ins for other objects. Raises pickle's errors for bytes it cannot
+    read at all."""
+    return _Peeker(io.BytesIO(blob)).load()
+
+
 def short_repr(args, kwargs, limit: int = 500) -> str:
     """Render arguments for people (dashboard, logs), shortened; never raises."""
     try:
@@ -725,5 +752,5 @@ def _safe_repr(value) -> str:
 
 
 __all__ = ["dump_call", "load_call", "load_policy", "peek_call", "peek_arguments",
-           "loads", "dump_value",
+           "peek_value", "value_repr", "loads", "dump_value",
            "function_spec", "short_repr", "Unloaded"]

@@ -1276,6 +1276,8 @@ class Worker:
                     state=records.SUCCESSFUL, finished_at=now,
                     result=envelope.seal(outcome.value_blob, job_id=running.id,
                                          kind=envelope.RESULT, key=key),
+                    result_repr=(None if outcome.value_repr is None
+                                 else records.encodable(outcome.value_repr)),
                 )
                 size = len(final.to_bytes())
                 if size <= self.options.max_record_bytes:
@@ -1414,8 +1416,11 @@ class Worker:
             return
         try:
             task = self.backend._task_for(record, call.func, call.policy)
+            # A return value is read as the arguments are (_signal_call), with task
+            # processes: one that crashes as it loads must not take the worker with it.
             result = self.backend.build_result(record, task=task, args=list(call.args),
-                                               kwargs=dict(call.kwargs))
+                                               kwargs=dict(call.kwargs),
+                                               peek=isinstance(self.runner, ProcessRunner))
             signal.send(type(self.backend), task_result=result)
         except Exception:
             # A receiver's error must not change a recorded outcome.

@@ -274,6 +274,26 @@ def test_job_detail_never_unpickles_an_argument_that_is_not_plain_data(
     assert "When submitted they read: <tests.tasks.CrashesWhoeverLoadsIt object at" in page
 
 
+def test_job_detail_never_unpickles_a_return_value_that_is_not_plain_data(
+        admin_client, backend, start_worker, zk_client, tmp_path):
+    import html as html_module
+    import os
+
+    from tests.waiting import wait_for_data
+
+    start_worker()
+    job = tasks.returns_what_crashes_its_reader.submit(str(tmp_path), os.getpid())
+    # On the status znode's watch, not job.wait(): that loads the value here, by design.
+    wait_for_data(zk_client, backend.store.layout.status(job.id),
+                  lambda record: record["state"] == "SUCCESSFUL")
+    page = html_module.unescape(text(admin_client.get(url("zktasks_job_change", job.id))))
+    assert not (tmp_path / "loaded").exists()
+    value = re.search(r'id="zk-return">(.*?)</pre>', page, re.S).group(1)
+    assert value == "<unloaded tests.tasks._loaded_here>"
+    assert ("not unpickled in the web process. When returned it read: "
+            "<tests.tasks.CrashesWhoeverLoadsIt object at") in page
+
+
 def test_unknown_job_is_a_404_page_not_an_error(admin_client, backend):
     response = admin_client.get(url("zktasks_job_change", "0" * 32))
     assert response.status_code == 404

@@ -151,3 +151,20 @@ def test_the_worker_process_never_unpickles_a_job_s_arguments(
     assert plain.return_value == "plain"
     wait_until(lambda: len(signalled["finished"]) == 2, 30, "the second task_finished")
     assert signalled["finished"][1].args == [{"n": [1, 2]}]
+    assert signalled["finished"][1].return_value == "plain"
+
+
+def test_the_worker_process_never_unpickles_a_job_s_return_value(
+        zk_settings, start_worker, signalled, tmp_path):
+    """task_finished's result carried the return value, loaded in the worker process:
+    a value that crashes as it loads took the worker down after the job had run."""
+    from zktasks.serialization import Unloaded
+
+    start_worker(pool="process", concurrency=1)
+    job = tasks.returns_what_crashes_its_reader.submit(str(tmp_path), os.getpid())
+    wait_until(lambda: signalled["finished"], 30, "task_finished")
+    [finished] = signalled["finished"]
+    assert finished.id == job.id and finished.status == TaskResultStatus.SUCCESSFUL
+    assert isinstance(finished.return_value, Unloaded)
+    assert finished.return_value.path == "tests.tasks._loaded_here"
+    assert not (tmp_path / "loaded").exists()  # nobody unpickled it

@@ -104,3 +104,28 @@ def test_peek_call_of_a_function_by_value_that_is_not_here():
     blob = serialization.dump_call(lambda: 1, (), {}, task_path="nowhere.f")
     call = serialization.peek_call(blob, "nowhere.f")
     assert call.args == () and not isinstance(call.func, Unloaded)
+
+
+class _HostileRepr:
+    def __repr__(self):
+        raise SystemExit("no")
+
+
+def test_a_return_value_s_repr_is_recorded_only_when_it_is_not_plain_data():
+    from zktasks.records import StatusRecord
+
+    assert serialization.value_repr({"a": [1, 2]}) is None  # shown as it is
+    assert serialization.value_repr(Local()).startswith("<tests.unit.test_policy_apart.Local")
+    assert serialization.value_repr(_HostileRepr()) == "<_HostileRepr>"
+    assert len(serialization.value_repr([Local()] * 10_000)) <= serialization.VALUE_REPR_CHARS
+    record = StatusRecord(id="j", task="t", backend="default", queue="default", priority=0)
+    assert b"result_repr" not in record.to_bytes()  # older readers see no new key
+    shown = record.evolve(result_repr="<x>")
+    assert StatusRecord.from_bytes(shown.to_bytes()).result_repr == "<x>"
+
+
+def test_peek_value_stands_in_for_what_is_not_plain_data():
+    LOADED.clear()
+    peeked = serialization.peek_value(serialization.dump_value([Recorded(), {"k": 1}]))
+    assert isinstance(peeked[0], Unloaded) and peeked[1] == {"k": 1}
+    assert LOADED == []

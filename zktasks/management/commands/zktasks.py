@@ -630,6 +630,7 @@ def _job_data(detail) -> dict:
         "retry_at": record.retry_at,
         "started_at": record.started_at, "finished_at": record.finished_at,
         "arguments": detail.args, "return_value": detail.return_value,
+        "arguments_note": detail.args_note, "return_value_note": detail.value_note,
         "verified": detail.verified, "note": detail.verification_error or detail.result_note,
         "errors": [{"exception": e.exception_class_path, "message": e.message,
                     "attempt": e.attempt, "worker_id": e.worker_id, "traceback": e.traceback}
@@ -650,8 +651,12 @@ def _job_text(detail) -> str:
     ]
     if detail.args or detail.args_note:
         lines.append(f"arguments: {detail.args or detail.args_note}")
+        if detail.args and detail.args_note:
+            lines.append(f"           {detail.args_note}")
     if record.state == records.SUCCESSFUL:
         lines.append(f"result:    {detail.return_value or detail.result_note}")
+        if detail.value_note:
+            lines.append(f"           {detail.value_note}")
     if detail.verification_error:
         lines.append(f"payload:   not verified: {detail.verification_error}")
     timings = [w for w in (detail.waited and f"waited {detail.waited}",
