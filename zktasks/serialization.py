@@ -7,6 +7,7 @@ a test module) travel by value, as dill's serialized Runnable of the seed did.
 
 import builtins
 import contextlib
+import copyreg
 import dataclasses
 import datetime
 import decimal
@@ -601,46 +602,98 @@ def _made_by(path: str, args: tuple) -> str:
     return path
 
 
-# What peek_call builds for real: types whose unpickling runs no code but the standard
-# library's (plain data as _plain knows it, and what Django projects pass most).
-_PEEKABLE = frozenset({
-    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"),
-    ("builtins", "bytearray"), ("builtins", "range"), ("builtins", "slice"),
-    *(("builtins", name) for name in ("int", "float", "str", "bytes", "bool", "list",
-                                       "dict", "tuple")),
+# What peek_call builds for real: plain data as _plain knows it, and what Django
+# projects pass most, whose unpickling runs no code but the standard library's.
+# Classes pickle rebuilds with NEWOBJ, which wants the type itself:
+_PEEKED_TYPES = frozenset({
+    ("uuid", "UUID"), (__name__, "FunctionRef"), (__name__, "RetryPolicy"),
+    (__name__, "ByValue"),
+})
+# Constructors pickle calls (REDUCE), each through a _Guarded:
+_PEEKED_CALLS = frozenset({
+    *(("builtins", name) for name in ("set", "frozenset", "complex", "bytearray", "bytes",
+                                       "int", "float", "str", "bool", "list", "dict",
+                                       "tuple")),
     ("_codecs", "encode"), ("collections", "OrderedDict"),
     ("datetime", "date"), ("datetime", "datetime"), ("datetime", "time"),
     ("datetime", "timedelta"), ("datetime", "timezone"), ("decimal", "Decimal"),
-    ("uuid", "UUID"), ("zoneinfo", "ZoneInfo._unpickle"), ("zoneinfo", "ZoneInfo"),
-    (__name__, "FunctionRef"), (__name__, "RetryPolicy"), (__name__, "ByValue"),
+    ("zoneinfo", "ZoneInfo._unpickle"), ("zoneinfo", "ZoneInfo"),
 })
+
+
+class _Guarded:
+    """A constructor that peek may call. What it refuses (a stand-in among its
+    arguments: a datetime whose tzinfo is one of dateutil's, say) gives a stand-in for
+    that object alone instead of failing the whole load, and a number is never taken
+    for a size (bytes(10**10), from bytes someone wrote by hand)."""
+
+    __slots__ = ("kind", "path")
+
+    def __init__(self, kind, path: str):
+        self.kind, self.path = kind, path
+
+    def __call__(self, *args):
+        if self.kind in (bytes, bytearray) and args and isinstance(args[0], int):
+            return _stand_in(self.path)
+        try:
+            return self.kind(*args)
+        except Exception:
+            return _stand_in(self.path)
+
+    def __repr__(self):  # a class passed as an argument (`int`) shows as itself
+        return repr(self.kind)
+
+
+def _peek_class(module: str, name: str, find_class):
+    if (module, name) in _PEEKED_TYPES:
+        return find_class(module, name)
+    if (module, name) in _PEEKED_CALLS:
+        return _Guarded(find_class(module, name), f"{module}.{name}")
+    if (module, name) == ("builtins", "getattr"):
+        return _peek_getattr  # dill's way to name ZoneInfo._unpickle
+    if (module, name) == ("dill._dill", "_load_type"):
+        return _peek_type  # dill's way to name a builtin type (complex, ValueError)
+    return _stand_in(f"{module}.{name}")
 
 
 class _Peeker(pickle.Unpickler):
     def find_class(self, module, name):
-        if (module, name) in _PEEKABLE:
-            return super().find_class(module, name)
-        if (module, name) == ("builtins", "getattr"):
-            return _peek_getattr  # dill's way to name ZoneInfo._unpickle
-        if (module, name) == ("dill._dill", "_load_type"):
-            return _peek_type  # dill's way to name a builtin type (complex, ValueError)
-        return _stand_in(f"{module}.{name}")
+        return _peek_class(module, name, super().find_class)
+
+
+class _PyPeeker(pickle._Unpickler):
+    """_Peeker in Python, for a process where copyreg extension codes are registered:
+    the C unpickler resolves EXT opcodes through copyreg's process-wide cache first,
+    which a real load fills with real classes (a peek then called them) and a peek
+    would fill with stand-ins (later real loads got them)."""
+
+    def find_class(self, module, name):
+        return _peek_class(module, name, super().find_class)
+
+    def get_extension(self, code):
+        key = copyreg._inverted_registry.get(code)
+        if not key:
+            raise pickle.UnpicklingError(f"unregistered extension code {code}")
+        self.append(self.find_class(*key))
 
 
 def _peek_type(name: str):
     """dill's _load_type for the builtin types peek_call builds, a stand-in else (code
     and function types, say, which would rebuild a function)."""
     kind = getattr(builtins, name, None)
-    if isinstance(kind, type) and (("builtins", name) in _PEEKABLE
-                                   or issubclass(kind, BaseException)):
+    if isinstance(kind, type) and issubclass(kind, BaseException):
         return kind
+    if ("builtins", name) in _PEEKED_CALLS:
+        return _Guarded(kind, f"builtins.{name}")
     return _stand_in(f"builtins.{name}")
 
 
 def _peek_getattr(obj, name, *default):
-    if isinstance(obj, type) and not isinstance(obj, Unloaded) and \
-            (obj.__module__, f"{obj.__qualname__}.{name}") in _PEEKABLE:
-        return getattr(obj, name)
+    kind = obj.kind if isinstance(obj, _Guarded) else obj
+    if isinstance(kind, type) and not isinstance(kind, Unloaded):
+        path = (kind.__module__, f"{kind.__qualname__}.{name}")
+        if path in _PEEKED_CALLS:
+            return _Guarded(getattr(kind, name), ".".join(path))
     return _stand_in(f"{getattr(obj, 'path', '?')}.{name}")
 
 
@@ -668,9 +721,15 @@ def peek_arguments(blob: bytes) -> tuple[tuple, dict] | None:
     return None if peeked is None else peeked[1:]
 
 
+def _load_peeking(blob: bytes):
+    # copyreg.add_extension runs at import time, if ever: a registry empty now stays so.
+    peeker = _PyPeeker if copyreg._inverted_registry else _Peeker
+    return peeker(io.BytesIO(blob)).load()
+
+
 def _peek(blob: bytes):
     try:
-        spec, args, kwargs, _ = _Peeker(io.BytesIO(blob)).load()
+        spec, args, kwargs, _ = _load_peeking(blob)
     except Exception:
         # A real type refused a stand-in among its parts (a datetime given a tzinfo
         # that is not one): no arguments, as for a payload that cannot be loaded.
@@ -730,7 +789,7 @@ def peek_value(blob: bytes):
     """A verified return value as peek_call reads arguments: plain data as it is,
     Unloaded stand-ins for other objects. Raises pickle's errors for bytes it cannot
     read at all."""
-    return _Peeker(io.BytesIO(blob)).load()
+    return _load_peeking(blob)
 
 
 def short_repr(args, kwargs, limit: int = 500) -> str:

@@ -89,7 +89,8 @@ def test_peek_call_builds_plain_data_and_stands_in_for_the_rest():
         blob = serialization.dump_call(func, plain, others, task_path="tests.tasks.add")
         call = serialization.peek_call(blob, "tests.tasks.add")
         assert call.args[:-2] == plain[:-2]
-        assert str(call.args[-2]) == "v" and call.args[-1] is int
+        # A class passed as a value that peek may also call comes guarded, shown as it.
+        assert str(call.args[-2]) == "v" and repr(call.args[-1]) == "<class 'int'>"
         assert all(isinstance(v, Unloaded) for v in call.kwargs.values())
         assert call.kwargs["recorded"].path == f"{__name__}._note_loaded"
         assert call.kwargs["user"].path == "auth.User"
@@ -104,6 +105,11 @@ def test_peek_call_of_a_function_by_value_that_is_not_here():
     blob = serialization.dump_call(lambda: 1, (), {}, task_path="nowhere.f")
     call = serialization.peek_call(blob, "nowhere.f")
     assert call.args == () and not isinstance(call.func, Unloaded)
+
+
+class FixedTz(datetime.tzinfo):
+    def utcoffset(self, dt):
+        return datetime.timedelta(hours=1)
 
 
 class _HostileRepr:
@@ -129,3 +135,42 @@ def test_peek_value_stands_in_for_what_is_not_plain_data():
     peeked = serialization.peek_value(serialization.dump_value([Recorded(), {"k": 1}]))
     assert isinstance(peeked[0], Unloaded) and peeked[1] == {"k": 1}
     assert LOADED == []
+
+
+def test_peek_gives_a_stand_in_for_what_a_real_type_refuses_and_keeps_the_rest():
+    """A datetime whose tzinfo is not plain data (dateutil's, a class of the project):
+    the datetime refused the stand-in, and the whole load failed, every argument lost."""
+    when = datetime.datetime(2026, 1, 1, tzinfo=FixedTz())
+    blob = serialization.dump_call(json.dumps, (when, "kept"), {}, task_path="t")
+    args, kwargs = serialization.peek_arguments(blob)
+    assert isinstance(args[0], Unloaded) and args[0].path == "datetime.datetime"
+    assert args[1] == "kept"
+
+
+def test_peek_takes_no_number_for_a_size():
+    """Bytes written by hand (with the signing key) could ask a whitelisted constructor
+    for gigabytes: bytes(10**10)."""
+    # (None, (bytes(10**10),), {}, None), in pickle's protocol 0
+    crafted = b"(N(cbuiltins\nbytes\n(L10000000000L\ntRt}Nt."
+    args, _ = serialization.peek_arguments(crafted)
+    assert isinstance(args[0], Unloaded) and args[0].path == "builtins.bytes"
+
+
+def test_peek_does_not_share_copyreg_s_extension_cache():
+    """The C unpickler looks EXT codes up in copyreg's process-wide cache first: a real
+    load filled it with the real class (a peek then called it), and a peek filled it
+    with a stand-in (later real loads got that)."""
+    import copyreg
+
+    # The registry itself: the C pickle module holds these very dicts.
+    copyreg.add_extension(__name__, "_note_loaded", 240)
+    try:
+        blob = serialization.dump_call(json.dumps, (Recorded(),), {}, task_path="t")
+        assert b"\x82\xf0" in blob  # EXT1 240: _note_loaded by its code
+        LOADED.clear()
+        assert pickle.loads(blob)[1] == ("loaded",)  # a real load fills the cache
+        args, _ = serialization.peek_arguments(blob)
+        assert isinstance(args[0], Unloaded) and LOADED == [1]
+        assert pickle.loads(blob)[1] == ("loaded",)  # and a peek did not change it
+    finally:
+        copyreg.remove_extension(__name__, "_note_loaded", 240)
