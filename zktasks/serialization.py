@@ -710,7 +710,7 @@ def peek_call(blob: bytes, task_path: str) -> Call:
         func = spec.resolve()
     else:
         module, _, qualname = task_path.rpartition(".")
-        func = find_local(module, qualname) or _unloaded_function
+        func = find_local(module, qualname) or _unloaded_function(module, qualname)
     return Call(func, tuple(args), dict(kwargs), load_policy(blob) or RetryPolicy())
 
 
@@ -737,8 +737,16 @@ def _peek(blob: bytes):
     return spec, tuple(args), dict(kwargs)
 
 
-def _unloaded_function(*args, **kwargs):
-    raise RuntimeError("A function sent by value is not loaded in a worker process.")
+def _unloaded_function(module: str, qualname: str):
+    """Stands for a function sent by value, under its own name (a task's module_path
+    and name are the submitted function's)."""
+    def unloaded(*args, **kwargs):
+        raise RuntimeError("A function sent by value is not loaded in a worker process.")
+
+    unloaded.__module__ = module or "__main__"
+    unloaded.__qualname__ = qualname
+    unloaded.__name__ = qualname.rpartition(".")[2]
+    return unloaded
 
 
 def dump_value(value) -> bytes:

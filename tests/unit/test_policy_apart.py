@@ -102,9 +102,18 @@ def test_peek_call_builds_plain_data_and_stands_in_for_the_rest():
 
 
 def test_peek_call_of_a_function_by_value_that_is_not_here():
-    blob = serialization.dump_call(lambda: 1, (), {}, task_path="nowhere.f")
-    call = serialization.peek_call(blob, "nowhere.f")
+    """It keeps the submitted function's name: a signal's task_result.task names it."""
+    from django.tasks import task_backends
+
+    from zktasks.records import StatusRecord
+
+    blob = serialization.dump_call(lambda: 1, (), {}, task_path="__main__.make.<locals>.f")
+    call = serialization.peek_call(blob, "__main__.make.<locals>.f")
     assert call.args == () and not isinstance(call.func, Unloaded)
+    record = StatusRecord(id="a" * 32, task="__main__.make.<locals>.f", backend="default",
+                          queue="default", priority=0)
+    task = task_backends["default"]._task_for(record, call.func, call.policy)
+    assert task.module_path == "__main__.make.<locals>.f" and task.name == "f"
 
 
 class FixedTz(datetime.tzinfo):
