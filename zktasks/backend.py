@@ -418,19 +418,25 @@ class ZooKeeperBackend(BaseTaskBackend):
         return await sync_to_async(self.get_result, thread_sensitive=False)(result_id)
 
     def get_result(self, result_id):
-        _known_shape(result_id)
-        self._release(result_id)
+        return self.build_result(self.status_record(result_id))
+
+    def status_record(self, job_id: str) -> StatusRecord:
+        """The job's status record as stored, nothing unpickled (get_result loads its
+        arguments and value); raises JobNotFound, or ZooKeeperUnavailableError once a
+        web-facing bound passes."""
+        _known_shape(job_id)
+        self._release(job_id)
         store = self.store
         found = self._bounded(
-            store, lambda: store.read_status(result_id),
-            f"The state of job {result_id!r} cannot be read now:",
+            store, lambda: store.read_status(job_id),
+            f"The state of job {job_id!r} cannot be read now:",
             "Try again once the ensemble answers; the job itself is not affected.")
         if found is None:
             raise JobNotFound(
-                f"No job has the id {result_id!r} (never submitted, or expired after "
+                f"No job has the id {job_id!r} (never submitted, or expired after "
                 "RESULT_TTL)."
             )
-        return self.build_result(found.record)
+        return found.record
 
     def build_result(self, record: StatusRecord, *, task=None, args=None, kwargs=None,
                      peek: bool = False):

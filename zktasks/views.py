@@ -409,7 +409,9 @@ class DashboardViews:
             force = post.get("force") == "yes"
             if backend.cancel(job_id, force=force):
                 return "Cancelled the job before it ran"
-            if backend.get_result(job_id).is_finished:
+            # The state alone: get_result() would unpickle the arguments here, and one
+            # that crashes or hangs as it loads is a likely reason to stop a job.
+            if backend.status_record(job_id).is_finished:
                 return None
             # Held by a worker: backend.cancel asked that worker to stop it.
             if force:

@@ -253,3 +253,23 @@ def test_the_manage_jobs_permission_allows_actions(manager_client, backend):
     job = tasks.add.submit(1, 1)
     response = follow(manager_client, url("zktasks_job_cancel", job.id))
     assert any("Cancelled" in m for m in messages_of(response))
+
+
+def test_cancel_never_unpickles_the_job_s_arguments(admin_client, backend, start_worker,
+                                                    zk_client, tmp_path):
+    """Cancel and Stop asked get_result() whether the job had finished, which unpickled
+    its arguments in the web process: an argument that crashes or hangs as it loads is
+    a likely reason to stop a job, and it took the web server's process with it."""
+    import os
+
+    from tests.waiting import wait_for_data
+
+    start_worker(pool="process", concurrency=1)
+    # Each task process that loads it dies; this process, spared, notes it and raises.
+    job = tasks.takes_anything.submit(tasks.CrashesWhoeverLoadsIt(str(tmp_path), os.getpid()))
+    wait_for_data(zk_client, backend.store.layout.status(job.id),
+                  lambda record: record["state"] == "FAILED")
+    response = follow(admin_client, url("zktasks_job_cancel", job.id))
+    assert any("not cancelled" in m for m in messages_of(response))
+    loads = (tmp_path / "loaded").read_text().splitlines()
+    assert len(loads) == 2 and not any(int(line.split()[0]) == os.getpid() for line in loads)
