@@ -272,10 +272,12 @@ def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = Non
     call = (spec, tuple(args), dict(kwargs), policy)
     plain_policy = _plain_policy(policy)
     if isinstance(spec, FunctionRef) and plain_policy and _plain(call[1:3]):
-        return _fast_dumps(call) + _policy_trailer(policy, plain_policy)
+        pickled = _policy_bytes(policy, plain=True)
+        return _fast_dumps(_with_policy(call, pickled)) + _policy_trailer(pickled)
     _refuse_open_files(task_path, args, kwargs)
     try:
-        return _dill_dumps(call) + _policy_trailer(policy, plain_policy)
+        pickled = _policy_bytes(policy, plain=plain_policy)
+        return _dill_dumps(_with_policy(call, pickled)) + _policy_trailer(pickled)
     except _OpenFileFound as found:
         raise SerializationError(
             f"Task {task_path!r} cannot be submitted: it holds an open file "
@@ -287,7 +289,8 @@ def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = Non
         if (isinstance(exc, RecursionError) and isinstance(spec, FunctionRef)
                 and plain_policy and _plain_nested(call[1:3])):
             with contextlib.suppress(RecursionError):
-                return _fast_dumps(call) + _policy_trailer(policy, plain_policy)
+                pickled = _policy_bytes(policy, plain=True)
+                return _fast_dumps(_with_policy(call, pickled)) + _policy_trailer(pickled)
         culprit = _find_culprit(spec, args, kwargs)
         raise SerializationError(
             f"Task {task_path!r} cannot be submitted: {culprit} cannot be serialized by dill "
@@ -297,8 +300,9 @@ def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = Non
 
 
 # The retry policy travels twice: inside the call, and again after it, pickled on its
-# own, so that a worker process can ask it (after its task process died or was killed
-# at its time limit) without unpickling the arguments. Unpickling an argument runs its
+# own (the same bytes, pickled once: _PolicyBytes), so that a worker process can ask it
+# (after its task process died or was killed at its time limit) without unpickling the
+# arguments. Unpickling an argument runs its
 # class's code (an extension built for another ABI can crash the process, a
 # __setstate__ can hang): that is for the task process alone, whose death costs one job.
 # (Celery's task protocol 2 moved its headers out of the body for the same reason.)
@@ -314,14 +318,41 @@ POLICY_MARK = b"ZKrp"
 _POLICY_TRAILER = len(POLICY_MARK) + 4
 
 
-def _policy_trailer(policy: "RetryPolicy", plain: bool) -> bytes:
+def _policy_bytes(policy: "RetryPolicy", *, plain: bool) -> bytes:
+    """The policy pickled for the trailer; empty for the default one."""
     if policy.backoff is None and policy.retry_on is None:
-        pickled = b""
-    elif plain:
-        pickled = _fast_dumps(policy)
-    else:
-        pickled = _dill_dumps(policy)  # a backoff by value, or a retry_on class of __main__
+        return b""
+    if plain:
+        return _fast_dumps(policy)
+    return _dill_dumps(policy)  # a backoff by value, or a retry_on class of __main__
+
+
+def _with_policy(call: tuple, pickled: bytes) -> tuple:
+    """The call, its policy given as the trailer's bytes (_PolicyBytes): pickled once,
+    not twice (a backoff by value costs dill a few hundred µs)."""
+    return call if not pickled else (*call[:3], _PolicyBytes(pickled))
+
+
+class _PolicyBytes:
+    """A pickled policy inside the call; it unpickles as the policy (`loads`, a name
+    the previous release has too, so its workers read these bytes as before)."""
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes):
+        self.blob = blob
+
+    def __reduce__(self):
+        return loads, (self.blob,)
+
+
+def _policy_trailer(pickled: bytes) -> bytes:
+    if not pickled:
+        return _DEFAULT_TRAILER
     return pickled + len(pickled).to_bytes(4, "big") + POLICY_MARK
+
+
+_DEFAULT_TRAILER = bytes(4) + POLICY_MARK
 
 
 def load_policy(blob: bytes) -> "RetryPolicy | None":

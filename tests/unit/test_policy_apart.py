@@ -183,3 +183,14 @@ def test_peek_does_not_share_copyreg_s_extension_cache():
         assert pickle.loads(blob)[1] == ("loaded",)  # and a peek did not change it
     finally:
         copyreg.remove_extension(__name__, "_note_loaded", 240)
+
+
+def test_a_policy_by_value_is_pickled_once():
+    """The call holds the trailer's own bytes, not a second pickling by dill (a lambda
+    backoff cost a submit 80 % more)."""
+    blob = serialization.dump_call(json.dumps, (1,), {}, task_path="t",
+                                   policy=RetryPolicy(backoff=lambda attempt, exc: 4))
+    size = int.from_bytes(blob[-8:-4], "big")
+    pickled = blob[-8 - size:-8]
+    assert blob.count(pickled) == 2
+    assert serialization.load_call(blob).policy.backoff(1, None) == 4
