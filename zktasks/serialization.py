@@ -272,12 +272,10 @@ def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = Non
     call = (spec, tuple(args), dict(kwargs), policy)
     plain_policy = _plain_policy(policy)
     if isinstance(spec, FunctionRef) and plain_policy and _plain(call[1:3]):
-        pickled = _policy_bytes(policy, plain=True)
-        return _fast_dumps(_with_policy(call, pickled)) + _policy_trailer(pickled)
+        return _with_trailer(_fast_dumps, call, plain_policy)
     _refuse_open_files(task_path, args, kwargs)
     try:
-        pickled = _policy_bytes(policy, plain=plain_policy)
-        return _dill_dumps(_with_policy(call, pickled)) + _policy_trailer(pickled)
+        return _with_trailer(_dill_dumps, call, plain_policy)
     except _OpenFileFound as found:
         raise SerializationError(
             f"Task {task_path!r} cannot be submitted: it holds an open file "
@@ -289,8 +287,7 @@ def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = Non
         if (isinstance(exc, RecursionError) and isinstance(spec, FunctionRef)
                 and plain_policy and _plain_nested(call[1:3])):
             with contextlib.suppress(RecursionError):
-                pickled = _policy_bytes(policy, plain=True)
-                return _fast_dumps(_with_policy(call, pickled)) + _policy_trailer(pickled)
+                return _with_trailer(_fast_dumps, call, plain_policy)
         culprit = _find_culprit(spec, args, kwargs)
         raise SerializationError(
             f"Task {task_path!r} cannot be submitted: {culprit} cannot be serialized by dill "
@@ -307,8 +304,8 @@ def dump_call(func, args, kwargs, *, task_path: str, by_value: bool | None = Non
 # __setstate__ can hang): that is for the task process alone, whose death costs one job.
 # (Celery's task protocol 2 moved its headers out of the body for the same reason.)
 #
-#   blob = <pickle of (spec, args, kwargs, policy)> <policy pickle> <its length, 4 bytes>
-#          <POLICY_MARK>
+#   blob = <pickle of (spec, args, kwargs, <policy pickle>)> <policy pickle>
+#          <its length, 4 bytes> <POLICY_MARK>
 #
 # pickle.loads and dill.loads stop at the first pickle's STOP and ignore what follows, so
 # a worker of the previous release reads these bytes as before (a rolling upgrade), and
@@ -327,10 +324,14 @@ def _policy_bytes(policy: "RetryPolicy", *, plain: bool) -> bytes:
     return _dill_dumps(policy)  # a backoff by value, or a retry_on class of __main__
 
 
-def _with_policy(call: tuple, pickled: bytes) -> tuple:
-    """The call, its policy given as the trailer's bytes (_PolicyBytes): pickled once,
-    not twice (a backoff by value costs dill a few hundred µs)."""
-    return call if not pickled else (*call[:3], _PolicyBytes(pickled))
+def _with_trailer(dumps, call: tuple, plain_policy: bool) -> bytes:
+    """`dumps` of the call, its policy given as the trailer's own bytes (_PolicyBytes):
+    pickled once, not twice (a backoff by value costs dill a few hundred µs)."""
+    pickled = _policy_bytes(call[3], plain=plain_policy)
+    if not pickled:
+        return dumps(call) + _DEFAULT_TRAILER
+    return (dumps((*call[:3], _PolicyBytes(pickled))) + pickled
+            + len(pickled).to_bytes(4, "big") + POLICY_MARK)
 
 
 class _PolicyBytes:
@@ -344,12 +345,6 @@ class _PolicyBytes:
 
     def __reduce__(self):
         return loads, (self.blob,)
-
-
-def _policy_trailer(pickled: bytes) -> bytes:
-    if not pickled:
-        return _DEFAULT_TRAILER
-    return pickled + len(pickled).to_bytes(4, "big") + POLICY_MARK
 
 
 _DEFAULT_TRAILER = bytes(4) + POLICY_MARK

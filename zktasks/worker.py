@@ -1357,6 +1357,12 @@ class Worker:
             logger.error("assignment without status record job=%s worker=%s; moved aside "
                          "to %s", job_id, worker_id, entry)
 
+    @property
+    def _isolated(self) -> bool:
+        """Whether jobs run in task processes: then this process unpickles none of
+        their arguments or values (_signal_call)."""
+        return isinstance(self.runner, ProcessRunner)
+
     def _signal_call(self, blob: bytes, record: StatusRecord):
         """The call for the results that signals carry; None if it cannot be loaded here
         (its code is importable only in task processes, say): the job still runs there,
@@ -1368,7 +1374,7 @@ class Worker:
         the worker and every job it holds. In the thread pool the job runs here anyway.
         """
         try:
-            if isinstance(self.runner, ProcessRunner):
+            if self._isolated:
                 return serialization.peek_call(blob, record.task)
             return serialization.load_call(blob)
         except Exception:
@@ -1420,7 +1426,7 @@ class Worker:
             # processes: one that crashes as it loads must not take the worker with it.
             result = self.backend.build_result(record, task=task, args=list(call.args),
                                                kwargs=dict(call.kwargs),
-                                               peek=isinstance(self.runner, ProcessRunner))
+                                               peek=self._isolated)
             signal.send(type(self.backend), task_result=result)
         except Exception:
             # A receiver's error must not change a recorded outcome.
