@@ -756,11 +756,13 @@ def _load_peeking(blob: bytes):
 def _peek(blob: bytes):
     try:
         spec, args, kwargs, _ = _load_peeking(blob)
+        # Inside the try: in bytes not made by dump_call the arguments may be anything
+        # (a number, a stand-in), and a caller is promised None, never an error.
+        return spec, tuple(args), dict(kwargs)
     except Exception:
         # A real type refused a stand-in among its parts (a datetime given a tzinfo
         # that is not one): no arguments, as for a payload that cannot be loaded.
         return None
-    return spec, tuple(args), dict(kwargs)
 
 
 def _unloaded_function(module: str, qualname: str):

@@ -165,6 +165,16 @@ def test_peek_takes_no_number_for_a_size():
     assert isinstance(args[0], Unloaded) and args[0].path == "builtins.bytes"
 
 
+def test_peek_arguments_that_are_not_a_tuple_and_a_dict_mean_none():
+    """Bytes not made by dump_call (found by fuzzing peek with mutated calls): the
+    arguments were turned into a tuple and a dict outside the guard, so a number or a
+    list of pairs of the wrong length raised where callers are promised None."""
+    # (None, 5, {}, None) and (None, (), [(1,)], None), in pickle's protocol 0
+    assert serialization.peek_arguments(b"(NI5\n(dNt.") is None
+    assert serialization.peek_arguments(b"(N)((I1\ntlNt.") is None
+    assert serialization.peek_call(b"(NI5\n(dNt.", "json.dumps").args == ()
+
+
 def test_peek_does_not_share_copyreg_s_extension_cache():
     """The C unpickler looks EXT codes up in copyreg's process-wide cache first: a real
     load filled it with the real class (a peek then called it), and a peek filled it
