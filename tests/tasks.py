@@ -595,3 +595,29 @@ def takes_anything(value, label="plain"):
 @zk_task
 def returns_what_crashes_its_reader(marker_dir, spare_pid):
     return CrashesWhoeverLoadsIt(marker_dir, spare_pid)
+
+
+@zk_task
+def changes_its_process(directory):
+    """Change what a process keeps between jobs (its working directory, umask and
+    environment), and report what this job found: the pid, so that a test can tell
+    that the jobs shared a task process."""
+    found = process_view()
+    os.chdir(directory)
+    os.umask(0o077)
+    os.environ["ZKTASKS_TEST_LEFTOVER"] = "from an earlier job"
+    del os.environ["DJANGO_SETTINGS_MODULE"]
+    return found
+
+
+@zk_task
+def reports_its_process():
+    return process_view()
+
+
+def process_view() -> dict:
+    mask = os.umask(0)
+    os.umask(mask)
+    return {"pid": os.getpid(), "cwd": os.getcwd(), "umask": mask,
+            "leftover": os.environ.get("ZKTASKS_TEST_LEFTOVER"),
+            "settings": os.environ.get("DJANGO_SETTINGS_MODULE")}

@@ -358,20 +358,24 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
     from .loghandler import format_last_resort
 
     format_last_resort()  # a task's own warnings, timestamped like the worker's lines
+    from .leftovers import ProcessState
+
+    state = ProcessState()  # what each job finds, whatever the jobs before it changed
     # Ready: the worker counts a run's hard time limit from the hand-off, so it waits
     # for this before the first one (django.setup() took 3 s on a loaded 2-CPU VM).
     conn.send(_READY_FORKED if server is not None else _READY)
     while True:
         try:
             message = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the worker is gone (or closed our pipe): so are we
             return
         # One run, or a batch of short jobs' runs (ProcessRunner.run_many): each outcome
         # is sent as soon as it is known, so the worker sees each job end.
         for number, execution in (message if isinstance(message, list) else (message,)):
             if context.run_cancelled(number):
                 # Cancelled while it waited behind the others of its batch.
-                conn.send(_not_started(execution))
+                if not _report(conn, _not_started(execution)):
+                    return
                 continue
             context.set_current_run(number)
             _in_task.alarmed = False
@@ -386,7 +390,20 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
                 outcome = execute(execution)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-            conn.send(outcome)
+            if not _report(conn, outcome):
+                return
+            state.restore(execution.job_id)
+
+
+def _report(conn, outcome) -> bool:
+    """Send an outcome to the worker; False if it is gone (killed, say: the job is
+    handed back by the leader). Its traceback, printed by multiprocessing for every
+    task process of a killed worker, read as a fault of the task."""
+    try:
+        conn.send(outcome)
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True
 
 
 # -- the fork server ----------------------------------------------------------------------
