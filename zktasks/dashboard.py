@@ -1577,7 +1577,8 @@ class LiveState:
         if not names:
             return None
         first = min(names, key=election_order)
-        found = self._gets([(self.layout.election_node(first), None)])
+        found = self._gets([(self.layout.election_node(first), None),
+                            (self.layout.ratelimits, "leader")])
         item = found.get(self.layout.election_node(first))
         if item is None:
             self._mark("leader")
@@ -1587,7 +1588,8 @@ class LiveState:
         # writes to it on winning moves mtime to the moment it took over.
         since = stat.mtime if stat.mtime > stat.ctime else stat.ctime
         return {"worker": (raw or b"").decode("utf-8", "replace")[:200], "node": first,
-                "since": _iso(ms_to_datetime(since)), "contenders": len(names)}
+                "since": _iso(ms_to_datetime(since)), "contenders": len(names),
+                "rate_limits": kept_rate_limits(found.get(self.layout.ratelimits), first)}
 
 
 def _count_bucket(names: list[str]) -> _Bucket:
@@ -1656,17 +1658,44 @@ MAX_LIVE_STATES = 8
 DROP_IDLE_AFTER = 600.0
 
 
+def kept_rate_limits(item: tuple | None, leader_node: str) -> dict[str, str] | None:
+    """The limits the leader of election znode `leader_node` said it keeps (the data of
+    `ratelimits`, leader.py's _publish_rate_limits and `item` as read): {queue: "100/m"},
+    or None while unknown (not said yet by this leader, a release before it said, or
+    unreadable)."""
+    try:
+        data = records.loads(item[0]) if item is not None and item[0] else None
+    except CorruptRecord:
+        return None
+    if not isinstance(data, dict) or data.get("node") != leader_node \
+            or not isinstance(data.get("limits"), dict):
+        return None
+    return {str(queue): str(text)[:40] for queue, text in data["limits"].items()}
+
+
 def with_rate_limits(data: dict, conf) -> dict:
-    """A snapshot with each queue's rate limit ("100/m", or None): the limits are
-    settings, not ZooKeeper state, so the shared live cache does not carry them. A
-    limited queue no job has used yet gets a row of its own, so its limit shows."""
+    """A snapshot with each queue's rate limit ("100/m", or None) as the leader keeps it
+    (the snapshot's leader's `rate_limits`), or, while the leader has not said, as this
+    process's RATE_LIMITS has it (`rate_limit_source` "leader" or "settings"). Where the
+    two differ (mid-deploy, a process started with other settings), `rate_limit_here`
+    is this process's. A limited queue no job has used yet gets a row of its own, so
+    its limit shows."""
+    here = {queue: limit.text for queue, limit in conf.rate_limits.items()}
+    kept = (data.get("leader") or {}).get("rate_limits")
+    limits = here if kept is None else kept
     queues = {q["name"]: q for q in data.get("queues", [])}
-    for name in set(conf.rate_limits) - set(queues):
+    for name in (set(limits) | set(here)) - set(queues):
         queues[name] = {"name": name, "pending": 0, "delayed": 0, "running": 0,
                         "succeeded": None, "failed": None}
-    return {**data, "queues": [
-        {**q, "rate_limit": (limit.text if (limit := conf.rate_limits.get(q["name"]))
-                             else None)} for _, q in sorted(queues.items())]}
+    rows = []
+    for name, q in sorted(queues.items()):
+        row = {**q, "rate_limit": limits.get(name),
+               "rate_limit_source": "settings" if kept is None else "leader"}
+        if kept is not None and here.get(name) != kept.get(name):
+            row["rate_limit_here"] = here.get(name)
+            row["rate_limit_differs"] = True
+        rows.append(row)
+    return {**data, "queues": rows}
 
 
 def live_state(backend, client=None) -> LiveState:

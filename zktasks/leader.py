@@ -381,6 +381,7 @@ class Leader:
             # Here, not at the term's start, so that ZooKeeper trouble is retried as any
             # read of the tick is (not a term given up); nothing is handed out before.
             self._take_up_buckets()
+            self._publish_rate_limits()
             self._buckets_taken_up = True
         self._assign()
         self._note_unserved()
@@ -1153,6 +1154,17 @@ class Leader:
                 logger.warning("rate limit queue=%s: the bucket kept at %s is unreadable; "
                                "starting with a full one", queue,
                                self.layout.rate_state(queue))
+
+    def _publish_rate_limits(self) -> None:
+        """Say which limits this term keeps (tree.py, `ratelimits`): the dashboard and
+        `zktasks status` show them rather than their own process's RATE_LIMITS, which a
+        deploy that changes a limit makes differ from the leader's for a while. Written
+        with no limits too, so that the last leader's stop showing."""
+        data = records.dumps({
+            "limits": {queue: limit.text for queue, limit in self.buckets.limits.items()},
+            "node": self.fence.rpartition("/")[2], "at": records.now().isoformat()})
+        if not self.store.publish_rate_limits(self.fence, data):
+            raise LeadershipLost("election znode gone")
 
     def _rate_states(self, batch, now: float) -> dict[str, bytes]:
         """The buckets of the limited queues in `batch`, to write with it."""

@@ -1063,6 +1063,23 @@ class Store:
 
         return self._commit_raw(build)
 
+    def publish_rate_limits(self, fence: str, data: bytes) -> bool:
+        """Set the limits the leader keeps on `ratelimits` (tree.py), fenced by its
+        election znode; False if that znode is gone (the term is over)."""
+        def build(txn):
+            txn.check(fence, -1)
+            txn.set_data(self.layout.ratelimits, data)
+
+        for _ in range(2):
+            failed = failures(self._commit_raw(build))
+            if not failed:
+                return True
+            if failed[0][0] == 0:
+                return False
+            # ratelimits/ is made on first use, not by the skeleton: make it, once.
+            self.retry(self.client.ensure_path, self.layout.ratelimits)
+        return False
+
     def rate_states(self, queues: Iterable[str]) -> dict[str, bytes | None]:
         """Read the buckets that leaders left for `queues` (None: never written), and
         make the znodes that are missing, so that an assignment multi can write them."""

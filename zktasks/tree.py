@@ -80,6 +80,11 @@ LAYOUT = (
      "paused_at: set by pause_schedule() (no ticks); resume_schedule() writes last_tick "
      "alone (schedule_state.py). One that does not decode is moved to the dead letters "
      "by the leader, and the schedule starts again from now"),
+    ("{root}/ratelimits", "PERSISTENT",
+     "the leader (set once at the start of each term, fenced by its election znode)",
+     "JSON: limits ({queue: rate as written, \"100/m\"}), node (the election znode of "
+     "the leader that set it), at (ISO time): the limits that leader keeps, read by "
+     "the dashboard and `zktasks status` (its own RATE_LIMITS may differ mid-deploy)"),
     ("{root}/ratelimits/{queue}", "PERSISTENT",
      "the leader (made when its term starts, set in the assignment multis that hand out "
      "the queue's jobs)",

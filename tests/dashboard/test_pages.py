@@ -89,6 +89,19 @@ def test_overview_shows_a_queue_s_rate_limit(admin_client, settings, zk_hosts, z
     assert html.count("≤ ") == 1  # the default queue has no limit
 
 
+def test_overview_shows_the_leader_s_rate_limit_and_says_where_settings_differ(
+        admin_client, settings, zk_hosts, zk_root, monkeypatch, start_worker):
+    use_zookeeper(settings, monkeypatch, zk_hosts, zk_root, RATE_LIMITS={"emails": "100/m"})
+    start_worker(queues=["default"], concurrency=1)
+    # A deploy under way: this site has the new limit, the leader still the old one.
+    use_zookeeper(settings, monkeypatch, zk_hosts, zk_root, RATE_LIMITS={"emails": "50/m"})
+    wait_live(admin_client, lambda d: (d["leader"] or {}).get("rate_limits") is not None,
+              "the leader's limits")
+    html = text(admin_client.get(url("zktasks_overview")))
+    assert re.search(r">emails</a> <span [^>]*>≤ 100/m</span> <span class=\"zk-warn "
+                     r"zk-count\" [^>]*>this site's settings: 50/m</span></th>", html), html
+
+
 def test_pending_lists_a_queue_in_assignment_order(admin_client, backend, monkeypatch):
     low = tasks.add.using(priority=-5).submit(1, 1)
     first = tasks.add.submit(1, 2)

@@ -11,7 +11,7 @@ from django.tasks import TaskResultStatus
 
 from tests import tasks
 from tests.conftest import use_zookeeper
-from tests.waiting import wait_until
+from tests.waiting import wait_for_data, wait_until
 
 RATE_LIMITS = {"paced": "5/s", "trickle": "1/h"}
 
@@ -143,3 +143,42 @@ def test_a_bucket_znode_deleted_by_hand_is_made_again(backend, start_worker, zk_
     second = tasks.add.using(queue_name="paced").submit(2, 2)
     assert second.wait(timeout=60).status == TaskResultStatus.SUCCESSFUL
     assert json.loads(zk_client.get(path)[0])["rate"] == "5/s"
+
+
+def test_status_shows_the_limits_the_leader_keeps(backend, start_worker, zk_client, settings,
+                                                  monkeypatch, zk_hosts, zk_root):
+    """`zktasks status` and the dashboard showed their own process's RATE_LIMITS: during
+    a deploy that changes a limit, or from a shell started with other settings, they
+    showed a limit the leader did not keep. The leader now says which it keeps."""
+    from tests.conftest import use_zookeeper
+
+    leader = start_worker(queues=["default"], concurrency=1)
+    wait_until(lambda: leader.leader is not None and leader.leader.is_leader, 60, "a leader")
+    # This process now has other limits than the leader started with.
+    use_zookeeper(settings, monkeypatch, zk_hosts, zk_root,
+                  RATE_LIMITS={"paced": "10/s", "emails": "100/m"})
+
+    def status() -> dict:
+        out = io.StringIO()
+        call_command("zktasks", "status", "--json", stdout=out)
+        return {q["name"]: q for q in json.loads(out.getvalue())["queues"]}
+
+    wait_for_data(zk_client, backend.store.layout.ratelimits,
+                  lambda data: data.get("limits") == RATE_LIMITS)
+    wait_until(lambda: status()["paced"].get("rate_limit_source") == "leader", 30,
+               "the live cache to read the leader's limits")
+    queues = status()
+    assert queues["paced"]["rate_limit"] == "5/s"
+    assert queues["paced"]["rate_limit_here"] == "10/s"
+    assert queues["trickle"]["rate_limit"] == "1/h" and queues["trickle"]["rate_limit_differs"]
+    assert queues["trickle"]["rate_limit_here"] is None
+    assert queues["emails"]["rate_limit"] is None  # limited here only: not by the leader
+    assert queues["emails"]["rate_limit_here"] == "100/m"
+    assert not queues["default"].get("rate_limit_differs")
+
+    out = io.StringIO()
+    call_command("zktasks", "status", stdout=out)
+    text = out.getvalue()
+    row = next(line for line in text.splitlines() if line.split()[:1] == ["paced"])
+    assert row.split()[-2:] == ["5/s*", "(10/s)"]
+    assert "are the leader's, not this process's RATE_LIMITS" in text

@@ -170,3 +170,51 @@ def test_plan_does_not_hold_workers_for_a_limited_job_without_a_token():
     moves = leader.plan(now=1.0)
     assert [q for q, _, _ in moves] == ["default"] * 3
     assert leader._until_token(1.0) == pytest.approx(3599.0)
+
+
+class _Conf:
+    def __init__(self, limits: dict[str, str]):
+        self.rate_limits = {q: parse_rate(t, "X") for q, t in limits.items()}
+
+
+def _said(limits, node="n-0000000003") -> tuple[bytes, None]:
+    import json
+
+    return json.dumps({"limits": limits, "node": node, "at": "2026-11-25T00:00:00"}).encode(), None
+
+
+@pytest.mark.parametrize("item", [
+    None, (b"", None), (b"not json", None), (b"[1]", None),
+    (b'{"limits": 5, "node": "n-0000000003"}', None),
+    _said({"paced": "5/s"}, node="n-0000000002"),  # a leader before this one
+])
+def test_limits_not_said_by_this_leader_are_unknown(item):
+    from zktasks.dashboard import kept_rate_limits
+
+    assert kept_rate_limits(item, "n-0000000003") is None
+
+
+def test_the_leader_s_limits_are_shown_and_this_process_s_beside_where_they_differ():
+    from zktasks.dashboard import kept_rate_limits, with_rate_limits
+
+    kept = kept_rate_limits(_said({"paced": "5/s", "old": "1/h"}), "n-0000000003")
+    assert kept == {"paced": "5/s", "old": "1/h"}
+    data = {"leader": {"node": "n-0000000003", "rate_limits": kept},
+            "queues": [{"name": "default", "pending": 3}]}
+    rows = {q["name"]: q for q in with_rate_limits(
+        data, _Conf({"paced": "10/s", "new": "2/m"}))["queues"]}
+    assert set(rows) == {"default", "paced", "old", "new"}
+    assert rows["default"]["pending"] == 3 and rows["default"]["rate_limit"] is None
+    assert "rate_limit_differs" not in rows["default"]
+    assert (rows["paced"]["rate_limit"], rows["paced"]["rate_limit_here"]) == ("5/s", "10/s")
+    assert (rows["old"]["rate_limit"], rows["old"]["rate_limit_here"]) == ("1/h", None)
+    assert (rows["new"]["rate_limit"], rows["new"]["rate_limit_here"]) == (None, "2/m")
+    assert all(r["rate_limit_source"] == "leader" for r in rows.values())
+
+    # No leader, or one that has not said yet: this process's settings, as before.
+    for leader in (None, {"node": "n-0000000004", "rate_limits": None}):
+        rows = {q["name"]: q for q in with_rate_limits(
+            {"leader": leader, "queues": []}, _Conf({"paced": "10/s"}))["queues"]}
+        assert rows["paced"]["rate_limit"] == "10/s"
+        assert rows["paced"]["rate_limit_source"] == "settings"
+        assert "rate_limit_differs" not in rows["paced"]

@@ -593,8 +593,13 @@ def _status_text(data: dict, conf) -> str:
                      "RATE LIMIT"], [
         [q["name"], q["pending"], q["delayed"], q["running"],
          "-" if q["succeeded"] is None else q["succeeded"],
-         "-" if q["failed"] is None else q["failed"], q.get("rate_limit") or "-"]
+         "-" if q["failed"] is None else q["failed"], _rate_limit_cell(q)]
         for q in data["queues"]])
+    if any(q.get("rate_limit_differs") for q in data["queues"]):
+        lines.append("rate limits marked * are the leader's, not this process's "
+                     "RATE_LIMITS (in brackets): a deploy that changes them is under way, "
+                     "or processes run with different settings; every process should "
+                     "have the same.")
     lines.append(f"totals: {totals['pending']} pending, {totals['delayed']} delayed, "
                  f"{totals['running']} assigned (running, or held by a worker), "
                  f"{totals['succeeded']} succeeded, "
@@ -606,6 +611,13 @@ def _status_text(data: dict, conf) -> str:
              f"{f['error'].rsplit('.', 1)[-1]}: {f['message']}"[:100]]
             for f in data["recent_failures"][:10]])
     return "\n".join(lines)
+
+
+def _rate_limit_cell(queue: dict) -> str:
+    limit = queue.get("rate_limit") or "-"
+    if queue.get("rate_limit_differs"):
+        return f"{limit}* ({queue.get('rate_limit_here') or 'none'})"
+    return limit
 
 
 def _confirm(prompt: str, refused: str) -> None:
