@@ -360,14 +360,14 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
     format_last_resort()  # a task's own warnings, timestamped like the worker's lines
     from .leftovers import ProcessState
 
-    state = ProcessState()  # what each job finds, whatever the jobs before it changed
+    state = ProcessState()  # the directory and umask each job finds (leftovers.py)
     # Ready: the worker counts a run's hard time limit from the hand-off, so it waits
     # for this before the first one (django.setup() took 3 s on a loaded 2-CPU VM).
     conn.send(_READY_FORKED if server is not None else _READY)
     while True:
         try:
             message = conn.recv()
-        except (EOFError, OSError):  # the worker is gone (or closed our pipe): so are we
+        except (EOFError, ConnectionError):  # the worker is gone, or closed our pipe
             return
         # One run, or a batch of short jobs' runs (ProcessRunner.run_many): each outcome
         # is sent as soon as it is known, so the worker sees each job end.

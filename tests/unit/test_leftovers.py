@@ -1,8 +1,9 @@
-"""What a job changes in its task process's state is put back before the next job
-(zktasks/leftovers.py); the task process itself is in
+"""What a job changes in its task process's working directory and umask is put back
+before the next job (zktasks/leftovers.py); the task process itself is in
 tests/integration/test_task_isolation.py."""
 
 import os
+from pathlib import Path
 
 from zktasks.leftovers import ProcessState
 
@@ -13,11 +14,8 @@ def umask() -> int:
     return mask
 
 
-def test_working_directory_umask_and_environment_are_put_back(tmp_path, monkeypatch):
+def test_the_working_directory_and_umask_are_put_back(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("ZKTASKS_TEST_KEPT", "kept")
-    monkeypatch.setenv("ZKTASKS_TEST_CHANGED", "before")
-    monkeypatch.delenv("ZKTASKS_TEST_ADDED", raising=False)
     old_mask = os.umask(0o022)
     try:
         state = ProcessState()
@@ -26,31 +24,39 @@ def test_working_directory_umask_and_environment_are_put_back(tmp_path, monkeypa
         (tmp_path / "elsewhere").mkdir()
         os.chdir(tmp_path / "elsewhere")
         os.umask(0o077)
-        del os.environ["ZKTASKS_TEST_KEPT"]
-        os.environ["ZKTASKS_TEST_CHANGED"] = "after"
-        os.environ["ZKTASKS_TEST_ADDED"] = "added"
-        assert state.restore("job") == ["umask", "working directory", "environment"]
-
+        assert state.restore("job") == ["umask", "working directory"]
         assert os.getcwd() == str(tmp_path) and umask() == 0o022
-        assert os.environ["ZKTASKS_TEST_KEPT"] == "kept"
-        assert os.environ["ZKTASKS_TEST_CHANGED"] == "before"
-        assert "ZKTASKS_TEST_ADDED" not in os.environ
         assert state.restore("next") == []
     finally:
         os.umask(old_mask)
 
 
-def test_a_working_directory_removed_since_is_given_up(tmp_path, monkeypatch, caplog):
-    """Nothing to go back to: one warning, and the jobs after it go on."""
-    gone = tmp_path / "gone"
-    gone.mkdir()
-    monkeypatch.chdir(gone)
+def test_the_directory_is_the_one_it_started_in_not_its_path(tmp_path, monkeypatch):
+    """A deploy that moves the directory aside and puts a new one in its place: a
+    process no job moved stays where its worker is, and one a job moved goes back
+    there, not into the new directory of the same name."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "VERSION").write_text("old")
+    monkeypatch.chdir(app)
     state = ProcessState()
-    os.chdir(tmp_path)
-    gone.rmdir()
-    assert state.restore("job") == []
-    assert "could not go back to its working directory" in caplog.text
-    assert state.restore("next") == []
+    app.rename(tmp_path / "app.old")
+    app.mkdir()
+    (app / "VERSION").write_text("new")
+    assert state.restore("untouched") == []
+    assert Path("VERSION").read_text() == "old"
+    os.chdir(app)
+    assert state.restore("job") == ["working directory"]
+    assert Path("VERSION").read_text() == "old"
+
+
+def test_a_job_whose_directory_was_removed_under_it_goes_back(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    state = ProcessState()
+    (tmp_path / "scratch").mkdir()
+    os.chdir(tmp_path / "scratch")
+    (tmp_path / "scratch").rmdir()
+    assert state.restore("job") == ["working directory"]
     assert os.getcwd() == str(tmp_path)
 
 
