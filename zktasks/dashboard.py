@@ -1577,8 +1577,7 @@ class LiveState:
         if not names:
             return None
         first = min(names, key=election_order)
-        found = self._gets([(self.layout.election_node(first), None),
-                            (self.layout.ratelimits, "leader")])
+        found = self._gets([(self.layout.election_node(first), None)])
         item = found.get(self.layout.election_node(first))
         if item is None:
             self._mark("leader")
@@ -1589,7 +1588,17 @@ class LiveState:
         since = stat.mtime if stat.mtime > stat.ctime else stat.ctime
         return {"worker": (raw or b"").decode("utf-8", "replace")[:200], "node": first,
                 "since": _iso(ms_to_datetime(since)), "contenders": len(names),
-                "rate_limits": kept_rate_limits(found.get(self.layout.ratelimits), first)}
+                "rate_limits": self._read_rate_limits(first)}
+
+    def _read_rate_limits(self, leader_node: str) -> dict[str, str] | None:
+        """The limits the leader said it keeps (kept_rate_limits), watched with the
+        leader. For display only: unreadable here (an ACL), they are unknown and the
+        pages show their own settings, the rest of the overview unharmed."""
+        try:
+            found = self._gets([(self.layout.ratelimits, "leader")])
+        except NoAuthError:
+            return None
+        return kept_rate_limits(found.get(self.layout.ratelimits), leader_node)
 
 
 def _count_bucket(names: list[str]) -> _Bucket:

@@ -1159,12 +1159,18 @@ class Leader:
         """Say which limits this term keeps (tree.py, `ratelimits`): the dashboard and
         `zktasks status` show them rather than their own process's RATE_LIMITS, which a
         deploy that changes a limit makes differ from the leader's for a while. Written
-        with no limits too, so that the last leader's stop showing."""
+        with no limits too, so that the last leader's stop showing. For display only: a
+        write refused for another reason than the fence (an ACL set by hand) is logged
+        and the term goes on (the pages then show their own settings)."""
         data = records.dumps({
             "limits": {queue: limit.text for queue, limit in self.buckets.limits.items()},
             "node": self.fence.rpartition("/")[2], "at": records.now().isoformat()})
-        if not self.store.publish_rate_limits(self.fence, data):
-            raise LeadershipLost("election znode gone")
+        failed = self.store.publish_rate_limits(self.fence, data)
+        self._raise_if_fence(failed)
+        if failed:
+            logger.warning("could not write the rate limits this leader keeps to %s: %r; "
+                           "the dashboard and `zktasks status` show their own settings",
+                           self.layout.ratelimits, failed[0][1])
 
     def _rate_states(self, batch, now: float) -> dict[str, bytes]:
         """The buckets of the limited queues in `batch`, to write with it."""

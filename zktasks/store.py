@@ -1063,22 +1063,19 @@ class Store:
 
         return self._commit_raw(build)
 
-    def publish_rate_limits(self, fence: str, data: bytes) -> bool:
+    def publish_rate_limits(self, fence: str, data: bytes) -> list:
         """Set the limits the leader keeps on `ratelimits` (tree.py), fenced by its
-        election znode; False if that znode is gone (the term is over)."""
+        election znode; return the multi's failures (index 0: the fence is gone)."""
         def build(txn):
             txn.check(fence, -1)
             txn.set_data(self.layout.ratelimits, data)
 
-        for _ in range(2):
-            failed = failures(self._commit_raw(build))
-            if not failed:
-                return True
-            if failed[0][0] == 0:
-                return False
-            # ratelimits/ is made on first use, not by the skeleton: make it, once.
+        failed = failures(self._commit_raw(build))
+        if failed and failed[0][0] == 1 and isinstance(failed[0][1], NoNodeError):
+            # ratelimits/ is made on first use, not by the skeleton.
             self.retry(self.client.ensure_path, self.layout.ratelimits)
-        return False
+            failed = failures(self._commit_raw(build))
+        return failed
 
     def rate_states(self, queues: Iterable[str]) -> dict[str, bytes | None]:
         """Read the buckets that leaders left for `queues` (None: never written), and

@@ -182,3 +182,47 @@ def test_status_shows_the_limits_the_leader_keeps(backend, start_worker, zk_clie
     row = next(line for line in text.splitlines() if line.split()[:1] == ["paced"])
     assert row.split()[-2:] == ["5/s*", "(10/s)"]
     assert "are the leader's, not this process's RATE_LIMITS" in text
+
+
+def test_limits_that_cannot_be_written_cost_the_leader_nothing(
+        backend, start_worker, zk_client, caplog):
+    """The write is for display only. Refused by an ACL set by hand on `ratelimits`, it
+    ended the term as if the election znode were gone: the worker won again, failed
+    again, 68 times in 15 s in a review's probe, and no job was ever handed out."""
+    import logging
+
+    from kazoo.security import ACL, Id, Permissions
+
+    caplog.set_level(logging.INFO, logger="zktasks")
+    path = backend.store.layout.ratelimits
+    zk_client.ensure_path(path)
+    zk_client.set_acls(path, [ACL(Permissions.ALL & ~Permissions.WRITE, Id("world", "anyone"))])
+    worker = start_worker(queues=["default"], concurrency=1)
+    assert tasks.add.submit(1, 2).wait(timeout=60).return_value == 3
+    assert worker.leader.is_leader
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "leadership lost" in m]
+    assert [m for m in messages if "could not write the rate limits" in m
+            and "NoAuth" in m] != []
+
+
+def test_limits_that_cannot_be_read_leave_the_overview_whole(
+        backend, start_worker, zk_client):
+    """Read with the leader, an unreadable `ratelimits` (an ACL) failed the dashboard's
+    whole live read: no workers, no leader, "ZooKeeper refused the read"."""
+    from kazoo.security import ACL, Id, Permissions
+
+    from zktasks import dashboard
+
+    path = backend.store.layout.ratelimits
+    zk_client.ensure_path(path)
+    zk_client.set_acls(path, [ACL(Permissions.ALL & ~Permissions.READ, Id("world", "anyone"))])
+    start_worker(queues=["default"], concurrency=1)
+    assert tasks.add.submit(1, 2).wait(timeout=60).return_value == 3
+    state = dashboard.live_state(backend)
+    wait_until(lambda: state.snapshot()["leader"] is not None, 30, "the leader on the overview")
+    snapshot = state.snapshot()
+    assert snapshot["ok"] and snapshot["workers"] and snapshot["leader"]["rate_limits"] is None
+    rows = {q["name"]: q for q in dashboard.with_rate_limits(snapshot, backend.conf)["queues"]}
+    assert rows["paced"]["rate_limit"] == "5/s"
+    assert rows["paced"]["rate_limit_source"] == "settings"
