@@ -196,6 +196,17 @@ def duration(start: datetime | None, end: datetime | None) -> str:
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
 
 
+def _not_taken_up(leading: datetime | bool, now: datetime) -> str:
+    """Why a configured schedule has no state yet, if it is late for one ("": not)."""
+    if leading is False:
+        return "no worker leads, so nothing ticks: start `runworker`."
+    if leading > now - SCHEDULE_GRACE:
+        return ""  # a leader that just took over: its first pass records it
+    return ("the leader has not taken it up (no state recorded since it took over at "
+            f"{leading:%Y-%m-%d %H:%M:%S} UTC): is it in the leader's SCHEDULES? Every "
+            "process must have the same.")
+
+
 def ms_to_datetime(ms: int | float) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
@@ -396,6 +407,17 @@ class Reader:
 
     # -- schedules -----------------------------------------------------------------------
 
+    def _leading_since(self) -> datetime | bool:
+        """When the current leader took over, or False when no worker leads."""
+        names = self.children(self.layout.leader)
+        if not names:
+            return False
+        found = self.get(self.layout.election_node(min(names, key=election_order)))
+        if found is None:
+            return False  # gone between the two reads: an election under way
+        stat = found[1]
+        return ms_to_datetime(stat.mtime if stat.mtime > stat.ctime else stat.ctime)
+
     def schedules(self, now: datetime | None = None) -> list[ScheduleRow]:
         """Each schedule of OPTIONS['SCHEDULES'], and each one the tree still holds state
         for, with its last tick and that tick's job, its next tick, and the error its
@@ -432,6 +454,11 @@ class Reader:
                 notes[name] = (f"its last tick, {tick.isoformat()}, cannot be used ({exc}); "
                                "the leader's next tick replaces it.")
         found_jobs = self.statuses(jobs.values())
+        # A configured schedule with no znode: a leader makes one on its first pass over
+        # the schedules (leader.py, _run_schedule), so one still missing after a while is
+        # not taken up. Its next tick, counted from now, never showed as overdue.
+        unrecorded = {n for n in configured if found.get(self.layout.schedule(n)) is None}
+        leading = self._leading_since() if unrecorded else None
         rows = []
         for name in names:
             schedule, state, last = configured.get(name), states.get(name, {}), lasts.get(name)
@@ -441,6 +468,9 @@ class Reader:
             if schedule is not None and not paused:
                 next_tick = nexts[name] if last is not None else schedule.next_tick(now)
                 overdue = next_tick < now - SCHEDULE_GRACE
+            if name in unrecorded:
+                notes[name] = _not_taken_up(leading, now)
+                overdue = overdue or bool(notes[name])
             error_at = _time(state.get("error_at")) if state.get("error") else None
             rows.append(ScheduleRow(
                 name=name, configured=schedule is not None,

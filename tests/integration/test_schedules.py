@@ -317,7 +317,7 @@ def test_a_last_tick_at_the_ends_of_time_is_a_note_not_a_broken_page(
     rows = _rows()
     assert "cannot be used" in rows["late"].note and rows["late"].last_tick is None
     assert "cannot be used" in rows["early"].note and rows["early"].last_tick is None
-    assert rows["fine"].note == "" and rows["fine"].next_tick is not None
+    assert "cannot be used" not in rows["fine"].note and rows["fine"].next_tick is not None
     assert "cannot be used" in _command()
 
 
@@ -523,3 +523,24 @@ def test_a_schedule_whose_ticks_cannot_be_computed_does_not_stop_assignment(
     assert tasks.add.submit(1, 1).wait(timeout=30).return_value == 2
     assert "schedule failed name=beat" in caplog.text
     assert "leader failed" not in caplog.text
+
+
+def test_a_schedule_no_leader_has_taken_up_shows_as_overdue_and_says_why(
+        settings, zk_hosts, zk_root, monkeypatch, start_worker):
+    """A configured schedule with no state in ZooKeeper: its next tick was counted from
+    now, so it never showed as overdue, whether no worker led or the leader did not
+    have it in its SCHEDULES (a deploy under way, a process with other settings)."""
+    from datetime import UTC, datetime, timedelta
+
+    row = _rows()["beat"]  # the module's schedule, and no worker yet
+    assert row.overdue and "no worker leads, so nothing ticks" in row.note
+    assert "beat: no worker leads, so nothing ticks" in _command()
+
+    use_zookeeper(settings, monkeypatch, zk_hosts, zk_root)  # a leader without schedules
+    worker = start_worker()
+    wait_until(lambda: worker.leader is not None and worker.leader.is_leader, 60, "a leader")
+    use_zookeeper(settings, monkeypatch, zk_hosts, zk_root, SCHEDULES=SCHEDULES)
+    later = datetime.now(UTC) + timedelta(minutes=1)
+    row = _rows(now=later)["beat"]
+    assert row.overdue and "the leader has not taken it up" in row.note
+    assert "is it in the leader's SCHEDULES?" in row.note

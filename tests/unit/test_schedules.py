@@ -117,3 +117,15 @@ def test_cron_days_that_some_month_has_are_valid(cron):
     [schedule] = parse_schedules("default", {"x": {"task": "m.f", "cron": cron}})
     now = datetime(2026, 11, 24, tzinfo=UTC)
     assert schedule.latest_tick(now) < now < schedule.next_tick(now)
+
+
+def test_a_schedule_without_state_is_late_only_once_a_leader_had_time_for_it():
+    from datetime import UTC, datetime, timedelta
+
+    from zktasks.dashboard import SCHEDULE_GRACE, _not_taken_up
+
+    now = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    assert "no worker leads" in _not_taken_up(False, now)
+    assert _not_taken_up(now - SCHEDULE_GRACE + timedelta(seconds=1), now) == ""
+    late = _not_taken_up(now - SCHEDULE_GRACE - timedelta(seconds=1), now)
+    assert "has not taken it up" in late and "2026-11-25 11:59:44 UTC" in late
