@@ -16,6 +16,9 @@ from here.
 
 Cheap enough for every job (about 1 µs, against the 0.2 ms a no-op job costs a task
 process): one umask(), and one stat() of "." compared with the directory kept open.
+The directory is kept as an open descriptor and compared by device and inode: by its
+path, a deploy that moves `app` aside and puts a new `app` in its place would move a
+process no job touched into the new one.
 """
 
 import logging
@@ -30,14 +33,16 @@ class ProcessState:
     def __init__(self):
         self.umask = os.umask(0)
         os.umask(self.umask)
-        # The directory itself, open, not its path: renamed and replaced since (a deploy
-        # that moves `app` aside and puts a new `app` in its place), the path would move
-        # the process into the new one after its first job, away from its worker's.
+        # O_PATH (Linux) needs no read permission, as chdir() does not: a directory the
+        # worker may only search (0711) is kept too.
+        flags = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY
         try:
-            self._cwd: int | None = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+            self._cwd: int | None = os.open(".", flags)
             stat = os.fstat(self._cwd)
             self._cwd_id = (stat.st_dev, stat.st_ino)
-        except OSError:  # started in a directory removed since: nothing to go back to
+        except OSError as exc:  # started in a directory removed since, say
+            logger.warning("task process cannot keep its working directory (%s); a job "
+                           "that changes it changes it for the jobs after it", exc)
             self._cwd, self._cwd_id = None, None
 
     def restore(self, job_id: str) -> list[str]:
@@ -64,6 +69,22 @@ class ProcessState:
                 moved = (here.st_dev, here.st_ino) != self._cwd_id
             except OSError:  # the job's directory was removed under it
                 moved = True
-            if moved:
-                os.fchdir(self._cwd)
+            if moved and self._go_back():
                 changed.append("working directory")
+
+    def _go_back(self) -> bool:
+        """fchdir() to the kept directory, once sure the descriptor is still it: a job
+        may have closed it, or a directory it opened since may have its number."""
+        try:
+            kept = os.fstat(self._cwd)
+            same = (kept.st_dev, kept.st_ino) == self._cwd_id
+        except OSError:
+            same = False
+        if not same:
+            logger.warning("task process lost the descriptor of its working directory (a "
+                           "job closed or reused it); a job that changes the directory now "
+                           "changes it for the jobs after it")
+            self._cwd = None
+            return False
+        os.fchdir(self._cwd)
+        return True

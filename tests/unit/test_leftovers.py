@@ -70,3 +70,26 @@ def test_a_failure_to_put_back_never_raises(monkeypatch, caplog):
     monkeypatch.setattr(os, "umask", refuse)
     assert state.restore("job") == []
     assert "could not put back its state after job=job" in caplog.text
+
+
+def test_a_job_that_closes_or_reuses_the_kept_descriptor_moves_nothing(
+        tmp_path, monkeypatch, caplog):
+    """A job that closes descriptors it did not open (a daemonizing library), and then
+    opens a directory that gets the same number: fchdir() on it moved the process into
+    that directory, after every job."""
+    (tmp_path / "start").mkdir()
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "start")
+    state = ProcessState()
+    os.close(state._cwd)
+    reused = os.open(tmp_path / "other", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert reused == state._cwd  # the lowest free number: the one just closed
+        os.chdir(tmp_path)
+        assert state.restore("job") == []
+        assert os.getcwd() == str(tmp_path)
+        assert caplog.text.count("lost the descriptor of its working directory") == 1
+        assert state.restore("next") == []  # said once, then left alone
+        assert caplog.text.count("lost the descriptor") == 1
+    finally:
+        os.close(reused)
