@@ -196,15 +196,18 @@ def duration(start: datetime | None, end: datetime | None) -> str:
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
 
 
-def _not_taken_up(leading: datetime | bool, now: datetime) -> str:
-    """Why a configured schedule has no state yet, if it is late for one ("": not)."""
+def _not_taken_up(leading: datetime | bool | None, now: datetime) -> str:
+    """Why a configured schedule has no state yet, if it is late for one ("": not).
+    `leading` is a ZooKeeper server's time, `now` this host's: a clock apart by more
+    than SCHEDULE_GRACE says so early, or late, by the difference."""
     if leading is False:
         return "no worker leads, so nothing ticks: start `runworker`."
-    if leading > now - SCHEDULE_GRACE:
-        return ""  # a leader that just took over: its first pass records it
-    return ("the leader has not taken it up (no state recorded since it took over at "
-            f"{leading:%Y-%m-%d %H:%M:%S} UTC): is it in the leader's SCHEDULES? Every "
-            "process must have the same.")
+    if leading is None or leading > now - SCHEDULE_GRACE:
+        return ""  # an election, or a leader that just took over: its first pass records it
+    return ("no tick recorded since the leader took over at "
+            f"{leading:%Y-%m-%d %H:%M:%S} UTC: it is not in the leader's SCHEDULES (every "
+            "process must have the same), or its state cannot be written there (see the "
+            "leader's log).")
 
 
 def ms_to_datetime(ms: int | float) -> datetime:
@@ -407,14 +410,15 @@ class Reader:
 
     # -- schedules -----------------------------------------------------------------------
 
-    def _leading_since(self) -> datetime | bool:
-        """When the current leader took over, or False when no worker leads."""
+    def _leading_since(self) -> datetime | bool | None:
+        """When the current leader took over; False when no worker leads; None while
+        an election is under way (the first contender went between the two reads)."""
         names = self.children(self.layout.leader)
         if not names:
             return False
         found = self.get(self.layout.election_node(min(names, key=election_order)))
         if found is None:
-            return False  # gone between the two reads: an election under way
+            return None
         stat = found[1]
         return ms_to_datetime(stat.mtime if stat.mtime > stat.ctime else stat.ctime)
 
@@ -455,8 +459,9 @@ class Reader:
                                "the leader's next tick replaces it.")
         found_jobs = self.statuses(jobs.values())
         # A configured schedule with no znode: a leader makes one on its first pass over
-        # the schedules (leader.py, _run_schedule), so one still missing after a while is
-        # not taken up. Its next tick, counted from now, never showed as overdue.
+        # the schedules (leader.py, _run_schedule), so one still missing a while after
+        # the leader took over is not ticking. Its next tick is counted from now, so it
+        # never shows as overdue: a note says why (overdue stays "a tick was missed").
         unrecorded = {n for n in configured if found.get(self.layout.schedule(n)) is None}
         leading = self._leading_since() if unrecorded else None
         rows = []
@@ -468,9 +473,8 @@ class Reader:
             if schedule is not None and not paused:
                 next_tick = nexts[name] if last is not None else schedule.next_tick(now)
                 overdue = next_tick < now - SCHEDULE_GRACE
-            if name in unrecorded:
+            if name in unrecorded and not notes.get(name):
                 notes[name] = _not_taken_up(leading, now)
-                overdue = overdue or bool(notes[name])
             error_at = _time(state.get("error_at")) if state.get("error") else None
             rows.append(ScheduleRow(
                 name=name, configured=schedule is not None,

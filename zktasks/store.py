@@ -19,6 +19,7 @@ from kazoo.exceptions import (
     AuthFailedError,
     BadVersionError,
     ConnectionLoss,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -1073,7 +1074,10 @@ class Store:
         failed = failures(self._commit_raw(build))
         if failed and failed[0][0] == 1 and isinstance(failed[0][1], NoNodeError):
             # ratelimits/ is made on first use, not by the skeleton.
-            self.retry(self.client.ensure_path, self.layout.ratelimits)
+            try:
+                self.retry(self.client.ensure_path, self.layout.ratelimits)
+            except NoAuthError as exc:  # an ACL on the root: a failure like the set's
+                return [(1, exc)]
             failed = failures(self._commit_raw(build))
         return failed
 

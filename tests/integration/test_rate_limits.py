@@ -217,12 +217,20 @@ def test_limits_that_cannot_be_read_leave_the_overview_whole(
     path = backend.store.layout.ratelimits
     zk_client.ensure_path(path)
     zk_client.set_acls(path, [ACL(Permissions.ALL & ~Permissions.READ, Id("world", "anyone"))])
-    start_worker(queues=["default"], concurrency=1)
-    assert tasks.add.submit(1, 2).wait(timeout=60).return_value == 3
-    state = dashboard.live_state(backend)
-    wait_until(lambda: state.snapshot()["leader"] is not None, 30, "the leader on the overview")
-    snapshot = state.snapshot()
-    assert snapshot["ok"] and snapshot["workers"] and snapshot["leader"]["rate_limits"] is None
-    rows = {q["name"]: q for q in dashboard.with_rate_limits(snapshot, backend.conf)["queues"]}
-    assert rows["paced"]["rate_limit"] == "5/s"
-    assert rows["paced"]["rate_limit_source"] == "settings"
+    try:
+        start_worker(queues=["default"], concurrency=1)
+        assert tasks.add.submit(1, 2).wait(timeout=60).return_value == 3
+        state = dashboard.live_state(backend)
+        wait_until(lambda: state.snapshot()["leader"] is not None, 30,
+                   "the leader on the overview")
+        snapshot = state.snapshot()
+        assert snapshot["ok"] and snapshot["workers"]
+        assert snapshot["leader"]["rate_limits"] is None
+        rows = {q["name"]: q
+                for q in dashboard.with_rate_limits(snapshot, backend.conf)["queues"]}
+        assert rows["paced"]["rate_limit"] == "5/s"
+        assert rows["paced"]["rate_limit_source"] == "settings"
+    finally:
+        # Unreadable, its children cannot be listed: the root's teardown could not
+        # delete the tree.
+        zk_client.set_acls(path, [ACL(Permissions.ALL, Id("world", "anyone"))])

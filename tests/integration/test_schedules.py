@@ -525,22 +525,22 @@ def test_a_schedule_whose_ticks_cannot_be_computed_does_not_stop_assignment(
     assert "leader failed" not in caplog.text
 
 
-def test_a_schedule_no_leader_has_taken_up_shows_as_overdue_and_says_why(
+def test_a_schedule_no_leader_has_taken_up_says_why(
         settings, zk_hosts, zk_root, monkeypatch, start_worker):
-    """A configured schedule with no state in ZooKeeper: its next tick was counted from
-    now, so it never showed as overdue, whether no worker led or the leader did not
-    have it in its SCHEDULES (a deploy under way, a process with other settings)."""
+    """A configured schedule with no state in ZooKeeper: its next tick is counted from
+    now, so nothing said it was not ticking, whether no worker led or the leader did
+    not have it in its SCHEDULES (a deploy under way, a process with other settings)."""
     from datetime import UTC, datetime, timedelta
 
     row = _rows()["beat"]  # the module's schedule, and no worker yet
-    assert row.overdue and "no worker leads, so nothing ticks" in row.note
+    assert "no worker leads, so nothing ticks" in row.note
+    assert not row.overdue  # no tick was missed: its next one is still ahead
     assert "beat: no worker leads, so nothing ticks" in _command()
 
     use_zookeeper(settings, monkeypatch, zk_hosts, zk_root)  # a leader without schedules
     worker = start_worker()
     wait_until(lambda: worker.leader is not None and worker.leader.is_leader, 60, "a leader")
     use_zookeeper(settings, monkeypatch, zk_hosts, zk_root, SCHEDULES=SCHEDULES)
-    later = datetime.now(UTC) + timedelta(minutes=1)
-    row = _rows(now=later)["beat"]
-    assert row.overdue and "the leader has not taken it up" in row.note
-    assert "is it in the leader's SCHEDULES?" in row.note
+    row = _rows(now=datetime.now(UTC) + timedelta(minutes=1))["beat"]
+    assert "no tick recorded since the leader took over" in row.note
+    assert "not in the leader's SCHEDULES" in row.note
