@@ -186,6 +186,7 @@ class Leader:
         self._finished_watch = self._watch("finished")
         self._next_ticks: dict[str, float] = {}  # wall-clock times (epoch seconds)
         self._unanswered_ticks: dict[str, tuple] = {}  # name -> (tick, result) in flight
+        self._known_ticks: dict[str, object] = {}  # name -> last tick seen recorded, this term
         self._buckets_taken_up = False  # this term's (see _take_up_buckets)
         self._clock_offset = time.time() - time.monotonic()  # to see the clock set back
         self._listed_at: dict[str, float] = {}
@@ -329,6 +330,7 @@ class Leader:
         self._unserved = set()  # a new term warns again
         self._next_ticks.clear()  # and reads every schedule's state anew
         self._unanswered_ticks.clear()  # what landed meanwhile may be another leader's
+        self._known_ticks.clear()
         for queue, limit in sorted(self.buckets.limits.items()):
             logger.info("rate limit queue=%s %s (for the whole cluster)", queue, limit.text)
         self._buckets_taken_up = False  # _tick takes them up before any hand-out
@@ -759,16 +761,25 @@ class Leader:
             self._move_aside(path, raw=raw, version=stat.version, kind="corrupt_schedule",
                              reason=f"the state of schedule {schedule.name!r} does not "
                                     f"decode ({exc}); the schedule starts again from now")
+            self._known_ticks.pop(schedule.name, None)
             return False  # the next pass (SCHEDULE_RETRY) makes its state anew
         version = stat.version if stat else None
         if recorded.get("paused"):
             return True  # schedule_state.resume() records the tick it resumes from
+        if stat is None and schedule.name in self._known_ticks:
+            # Its znode deleted by hand after this term saw a tick recorded: go on from
+            # that tick. Taken for a new schedule, it started again from now, and the
+            # tick due meanwhile never ran. (A tick that did run since, by another
+            # leader, is not run again: its job id is the tick's, NodeExists below.)
+            last = self._known_ticks[schedule.name]
+            logger.warning("schedule state missing name=%s; made again from its last tick "
+                           "%s", schedule.name, last.isoformat())
         latest = schedule.latest_tick(now)
         state = records.dumps({"last_tick": latest.isoformat()})
         if last is None:
             # A new schedule starts from now: record the current tick, run the next one.
             # (A znode without last_tick: paused and resumed before any leader saw it.)
-            return self._set_schedule(path, state, version)
+            return self._set_schedule(path, state, version, schedule.name, latest)
         if last > now + timedelta(seconds=SCHEDULE_SKEW):
             # Recorded by a leader whose clock ran ahead: waiting for it would skip every
             # tick until then. Start again from now; a tick that did run is not run again
@@ -776,10 +787,14 @@ class Leader:
             logger.warning("schedule state is in the future name=%s last_tick=%s now=%s "
                            "(clocks of the leaders differ?); starting again from now",
                            schedule.name, last.isoformat(), now.isoformat())
-            return self._set_schedule(path, state, version)
+            return self._set_schedule(path, state, version, schedule.name, latest)
+        self._known_ticks[schedule.name] = last
         # A tick in flight at the last pass, now recorded: its multi landed.
         self._announce_landed(schedule.name, last)
         if latest <= last:
+            if stat is None:  # made again, as it was
+                return self._set_schedule(path, records.dumps({"last_tick": last.isoformat()}),
+                                          None, schedule.name, last)
             return True
         record, result = self._tick_record(schedule, latest)
         # Until answered: a multi that lands with its answer lost (ConnectionLoss) is
@@ -792,15 +807,20 @@ class Leader:
             logger.info("schedule tick name=%s tick=%s job=%s", schedule.name,
                         latest.isoformat(), record.id)
             _announce(result)
+            self._known_ticks[schedule.name] = latest
             return True
         self._raise_if_fence(failed)
         index, error = failed[0]
         if index == 1 and isinstance(error, NodeExistsError):
             # Already submitted by an earlier leader: advance the schedule only.
-            return self._set_schedule(path, state, version)
+            return self._set_schedule(path, state, version, schedule.name, latest)
         if isinstance(error, BadVersionError):
             # Paused or resumed since it was read: read it again soon (a paused
             # schedule gets no tick: this multi made nothing).
+            return False
+        if index == 3 and version is None and isinstance(error, NoNodeError):
+            # Its state made again (above), under a schedules/ deleted by hand too.
+            self._make_schedules_again()
             return False
         logger.warning("schedule tick refused name=%s error=%r", schedule.name, error)
         self._note_schedule_error(schedule, f"ZooKeeper refused the tick's job: {error!r}")
@@ -818,9 +838,11 @@ class Leader:
                         "landed)", name, last.isoformat(), result.id)
             _announce(result)
 
-    def _set_schedule(self, path: str, state: bytes, version: int | None) -> bool:
-        """Write a schedule's state over the version read; False (read it again soon)
-        when it changed or appeared meanwhile: paused, resumed, or another leader."""
+    def _set_schedule(self, path: str, state: bytes, version: int | None, name: str,
+                      tick) -> bool:
+        """Write a schedule's state (its last tick, `tick`) over the version read; False
+        (read it again soon) when it changed or appeared meanwhile: paused, resumed, or
+        another leader."""
         try:
             if version is None:
                 self.client.create(path, state)
@@ -828,16 +850,20 @@ class Leader:
                 self.client.set(path, state, version=version)
         except NoNodeError:
             if version is None:
-                # The create's parent, schedules/, is gone (deleted by hand): nothing
-                # makes it again but this (the skeleton is made once per process), and
-                # every schedule stopped for good, in silence.
-                logger.warning("the schedules znode %s is missing; making it again",
-                               self.layout.schedules)
-                self.store.retry(self.client.ensure_path, self.layout.schedules)
+                self._make_schedules_again()
             return False
         except (BadVersionError, NodeExistsError):
             return False
+        self._known_ticks[name] = tick
         return True
+
+    def _make_schedules_again(self) -> None:
+        """A create's parent, schedules/, is gone (deleted by hand): nothing makes it
+        again but this (the skeleton is made once per process), and every schedule
+        stopped for good, in silence."""
+        logger.warning("the schedules znode %s is missing; making it again",
+                       self.layout.schedules)
+        self.store.retry(self.client.ensure_path, self.layout.schedules)
 
     def _note_schedule_error(self, schedule, error: str) -> None:
         """Keep why a schedule's tick failed in its znode, next to its last tick, for

@@ -544,3 +544,36 @@ def test_a_schedule_no_leader_has_taken_up_says_why(
     row = _rows(now=datetime.now(UTC) + timedelta(minutes=1))["beat"]
     assert "no tick recorded since the leader took over" in row.note
     assert "not in the leader's SCHEDULES" in row.note
+
+
+def test_a_schedule_s_state_deleted_by_hand_is_made_again_from_its_last_tick(
+        backend, start_worker, zk_client):
+    """Taken for a new schedule, a schedule whose znode was deleted started again from
+    now: its state was made again with the current tick, whose job was never submitted
+    (a daily schedule lost a day). The leader goes on from the last tick it saw."""
+    import json
+    import threading
+    from datetime import datetime
+
+    from zktasks.schedules import tick_job_id
+
+    start_worker()
+    wait_until(lambda: finished_ticks(zk_client, backend), 30, "a tick")
+    path = backend.store.layout.schedule("beat")
+    deleted, made_again, ticks = threading.Event(), threading.Event(), []
+
+    def watch(data, stat):
+        if data is None:
+            deleted.set()
+        elif deleted.is_set():
+            ticks.append(json.loads(data)["last_tick"])
+            made_again.set()
+            return False
+        return True
+
+    zk_client.DataWatch(path, watch)
+    zk_client.delete(path)
+    assert made_again.wait(30), "the schedule's state was not made again"
+    tick = datetime.fromisoformat(ticks[0])
+    # The tick it was made again with has its job: none was skipped.
+    assert zk_client.exists(backend.store.layout.status(tick_job_id("beat", tick)))
