@@ -214,6 +214,13 @@ def ms_to_datetime(ms: int | float) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
+def took_over(stat) -> datetime:
+    """When the leader whose election znode has `stat` took over: the znode is created
+    when its owner starts contending, and a leader writes to it on winning, which
+    moves mtime to that moment."""
+    return ms_to_datetime(stat.mtime if stat.mtime > stat.ctime else stat.ctime)
+
+
 def election_order(name: str) -> tuple[int, str]:
     """Sort key of kazoo Lock contenders: the sequence number after '__lock__'."""
     _, _, seq = name.rpartition("__lock__")
@@ -419,8 +426,7 @@ class Reader:
         found = self.get(self.layout.election_node(min(names, key=election_order)))
         if found is None:
             return None
-        stat = found[1]
-        return ms_to_datetime(stat.mtime if stat.mtime > stat.ctime else stat.ctime)
+        return took_over(found[1])
 
     def schedules(self, now: datetime | None = None) -> list[ScheduleRow]:
         """Each schedule of OPTIONS['SCHEDULES'], and each one the tree still holds state
@@ -1617,11 +1623,8 @@ class LiveState:
             self._mark("leader")
             return None
         raw, stat = item
-        # An election znode is created when its owner starts contending; a leader that
-        # writes to it on winning moves mtime to the moment it took over.
-        since = stat.mtime if stat.mtime > stat.ctime else stat.ctime
         return {"worker": (raw or b"").decode("utf-8", "replace")[:200], "node": first,
-                "since": _iso(ms_to_datetime(since)), "contenders": len(names),
+                "since": _iso(took_over(stat)), "contenders": len(names),
                 "rate_limits": self._read_rate_limits(first)}
 
     def _read_rate_limits(self, leader_node: str) -> dict[str, str] | None:
