@@ -1028,6 +1028,7 @@ def analyze(chaos: Chaos, submitter: Submitter, monitor: Monitor, root: str,
                                   default=(0.0, None))[1],
         "leader_elections": len(elections),
         "leader_changes": max(0, len(elections) - 1),
+        "taken_back": dict(zip(("batches", "jobs"), taken_back(chaos), strict=True)),
         "faults": dict(Counter(f.kind for f in chaos.faults)),
         "majority_skipped": chaos.majority_skipped,
         "worker_processes": len(chaos.procs),
@@ -1222,6 +1223,17 @@ def leader_elections(chaos: Chaos) -> list[tuple[float, str]]:
     return sorted(found)
 
 
+def taken_back(chaos: Chaos) -> tuple[int, int]:
+    """(batches, jobs) taken back from task processes held up by a long job, by the
+    worker logs (zktasks.executor.ProcessRunner.run_many)."""
+    batches = jobs = 0
+    for proc in chaos.procs:
+        for _, _, _, message in proc.log_lines():
+            if m := re.search(r"with (\d+) job\(s\) of its batch waiting behind it", message):
+                batches, jobs = batches + 1, jobs + int(m[1])
+    return batches, jobs
+
+
 def leader_from_logs(chaos: Chaos, when: float) -> str | None:
     """Who led at `when` by the worker logs: elected, not yet stepped down or killed.
 
@@ -1377,6 +1389,30 @@ def fmt(value, spec="{:.2f}") -> str:
     return "-" if value is None else spec.format(value)
 
 
+def task_kwargs(args) -> dict:
+    """record_side_effect's keyword arguments for the command line's choices."""
+    kwargs: dict = {}
+    if args.cooperative:
+        kwargs["cooperative"] = True
+    if tuple(args.job_ms) != (10.0, 200.0):
+        kwargs["min_ms"], kwargs["max_ms"] = args.job_ms
+    if args.stalls:
+        kwargs["stall_share"], kwargs["stall_ms"] = args.stalls
+    return kwargs
+
+
+def _job_mix(args) -> str:
+    """The report's words for --job-ms and --stalls, when not the defaults."""
+    words = ""
+    job_ms = tuple(getattr(args, "job_ms", (10.0, 200.0)))
+    if job_ms != (10.0, 200.0):
+        words += f", jobs of {job_ms[0]:g}-{job_ms[1]:g} ms"
+    stalls = getattr(args, "stalls", None)
+    if stalls:
+        words += f", {stalls[0]:g} of runs stall {stalls[1]:g} ms"
+    return words
+
+
 def report(result: dict, args, seed: int, elapsed: float) -> str:
     s = result["summary"]
     limited = getattr(args, "rate_limit", None)
@@ -1387,6 +1423,7 @@ def report(result: dict, args, seed: int, elapsed: float) -> str:
            f"{'task processes' if args.pool == 'process' else 'threads'}, session timeout "
            f"{args.session_timeout:g}s"
            f"{', cooperative task' if args.cooperative else ''}"
+           f"{_job_mix(args)}"
            f"{', every other job limited to ' + limited if limited else ''}"
            f"; {elapsed:.0f}s in all", ""]
     rows = [
@@ -1405,6 +1442,8 @@ def report(result: dict, args, seed: int, elapsed: float) -> str:
         ["longest submit() call", f"{s['submit_call_max_s']:.2f}s (called at "
                                   f"{fmt(s['submit_call_max_at'], '{:+.2f}')}s)"],
         ["leader elections", f"{s['leader_elections']} ({s['leader_changes']} changes)"],
+        ["jobs taken back from held-up batches", f"{s['taken_back']['jobs']} (from "
+                                                 f"{s['taken_back']['batches']} batches)"],
         ["worker processes / identities", f"{s['worker_processes']} / "
                                           f"{s['worker_identities']}"],
         ["worker crashes / threads died", f"{s['worker_crashes']} / "
@@ -1555,6 +1594,15 @@ def parse_args(argv=None):
     parser.add_argument("--cooperative", action="store_true",
                         help="the task checks zktasks.cancel_requested() before its effect "
                              "and stops when asked, as a task written for it would")
+    parser.add_argument("--job-ms", type=lambda v: tuple(float(x) for x in v.split(",")),
+                        default=(10.0, 200.0), metavar="MIN,MAX",
+                        help="milliseconds each job sleeps (default 10,200); with 0,1 the "
+                             "workers batch the jobs of a backlog")
+    parser.add_argument("--stalls", type=lambda v: tuple(float(x) for x in v.split(",")),
+                        default=None, metavar="SHARE,MS",
+                        help="a SHARE of the runs sleep MS milliseconds instead (such as "
+                             "0.01,800: with --job-ms 0,1, jobs batched behind them are "
+                             "taken back and run on other task processes)")
     parser.add_argument("--tls", action="store_true",
                         help="workers and submitter speak mutual TLS to the members' "
                              "secureClientPort (a throw-away CA made in the run directory)")
@@ -1667,7 +1715,7 @@ def main(argv=None) -> int:
         window_end = chaos.t0 + args.duration
         submitter = Submitter(task, effects, args.jobs, chaos.t0, args.duration * 0.9, run_id,
                               deadline=window_end + SETTLE_DEADLINE,
-                              task_kwargs={"cooperative": True} if args.cooperative else None,
+                              task_kwargs=task_kwargs(args),
                               limited=args.rate_limit is not None)
         submitter.start()
         chaos.loop(window_end)

@@ -33,8 +33,13 @@ def append_line(path: str, line: str) -> None:
 
 
 @zk_task(takes_context=True)
-def record_side_effect(context, path, seq, min_ms=10, max_ms=200, cooperative=False):
+def record_side_effect(context, path, seq, min_ms=10, max_ms=200, cooperative=False,
+                       stall_share=0.0, stall_ms=0):
     """Record the start, sleep a little (so kills land mid-job), record the effect.
+
+    `stall_share` of the runs sleep `stall_ms` instead (chaos.py --stalls): with short
+    jobs, a long one in a batch, whose jobs behind it are taken back from its task
+    process (zktasks.executor.BATCH_PATIENCE_S).
 
     `cooperative` (chaos.py --cooperative): before the effect, stop with JobCancelled if
     zktasks.cancel_requested() says so, as a task that checks it would (a worker whose
@@ -46,7 +51,10 @@ def record_side_effect(context, path, seq, min_ms=10, max_ms=200, cooperative=Fa
     fields = f"{result.id} {seq} {attempt} {worker_id} {os.getppid()} {os.getpid()}"
     append_line(path, f"S {fields} {time.time():.6f}\n")
     # Deterministic per (job, attempt): a rerun sleeps its own time.
-    pause = random.Random(f"{result.id}/{attempt}").uniform(min_ms, max_ms) / 1000
+    draw = random.Random(f"{result.id}/{attempt}")
+    pause = draw.uniform(min_ms, max_ms) / 1000
+    if draw.random() < stall_share:
+        pause = stall_ms / 1000
     time.sleep(pause)
     if cooperative:
         from zktasks import JobCancelled, cancel_requested

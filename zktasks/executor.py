@@ -33,6 +33,21 @@ logger = logging.getLogger(__name__)
 # The most jobs a task process is handed at once (ProcessRunner.run_many), and so the
 # entries of its shared cancel flags (context.py): a batch's run numbers are consecutive.
 BATCH_MAX = 16
+# A job of a batch that has run this long while others wait behind it in its task process
+# (a lock wait, a socket read with no timeout, in a task that ran short so far): the
+# jobs not started yet are taken back to run on the other task processes
+# (ProcessRunner.run_many). 250 times the longest a batched job ran on average.
+BATCH_PATIENCE_S = 0.5
+
+
+class _TakenBack:
+    """What run_many yields for a job it took back from its batch (on_taken_back)."""
+
+    def __repr__(self):
+        return "TAKEN_BACK"
+
+
+TAKEN_BACK = _TakenBack()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -319,7 +334,7 @@ CHECK_EVERY = 1.0  # seconds between checks that a task process still lives (_wa
 MAX_ALARM = 10 * 365 * 86400.0  # the longest soft limit setitimer is given (ten years)
 
 
-def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
+def _child_main(conn, parent_pid: int | None, cancel_flags, claims) -> None:
     _die_with_parent()
     # The parent (the worker, or the fork server) died before prctl took effect.
     if parent_pid is not None and os.getppid() != parent_pid:
@@ -371,8 +386,9 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
             return
         # One run, or a batch of short jobs' runs (ProcessRunner.run_many): each outcome
         # is sent as soon as it is known, so the worker sees each job end.
-        for number, execution in (message if isinstance(message, list) else (message,)):
-            if context.run_cancelled(number):
+        batch = isinstance(message, list)
+        for number, execution in (message if batch else (message,)):
+            if _skipped(number, claims if batch else None):
                 # Cancelled while it waited behind the others of its batch.
                 if not _report(conn, _not_started(execution)):
                     return
@@ -393,6 +409,21 @@ def _child_main(conn, parent_pid: int | None, cancel_flags) -> None:
             if not _report(conn, outcome):
                 return
             state.restore(execution.job_id)
+
+
+def _skipped(number: int, claims) -> bool:
+    """Whether run `number` is not to run here: cancelled, or, in a batch, taken back by
+    the worker for another task process (ProcessRunner._take_back). In a batch the run is
+    claimed under the lock the worker takes back under, so each run is one or the other."""
+    from . import context
+
+    if claims is None:
+        return context.run_cancelled(number)
+    with claims.get_lock():
+        if context.run_cancelled(number):
+            return True
+        claims[number % BATCH_MAX] = number
+    return False
 
 
 def _report(conn, outcome) -> bool:
@@ -539,6 +570,10 @@ class _Slot:
         self.runs = 0
         self.handed = 0  # jobs handed to the current task process (--max-tasks-per-child)
         self.cancel_flags = ctx.Array("q", BATCH_MAX, lock=False)  # see context.py
+        # Entry `n % BATCH_MAX` holds n once the task process has begun run n of a batch
+        # (_skipped). One per task process, never reused: a process killed while it held
+        # the lock leaves it held for good.
+        self.claims = None
 
     def ensure(self) -> None:
         with self._ensure_lock:
@@ -553,10 +588,11 @@ class _Slot:
             self.close()
             forked = self.ctx.get_start_method() == "forkserver"
             parent, child = self.ctx.Pipe()
+            claims = self.ctx.Array("q", BATCH_MAX)
             process = self.ctx.Process(
                 target=_child_main,
                 args=(child, fork_server_pid() if forked else os.getpid(),
-                      self.cancel_flags),
+                      self.cancel_flags, claims),
                 name=f"zktasks-task-{self.index}",
                 daemon=True,
             )
@@ -574,7 +610,7 @@ class _Slot:
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
                 child.close()
-            self.process = process
+            self.process, self.claims = process, claims
             self.conn, self.ready, self.handed = parent, False, 0
 
     def send(self, message):
@@ -636,11 +672,13 @@ class _Slot:
         conn = self.send((number, execution))
         return self.outcome(conn, execution)
 
-    def outcome(self, conn, execution: Execution) -> Outcome:
-        """Wait for the outcome of the run the task process is on (`execution`)."""
+    def outcome(self, conn, execution: Execution, waited: float = 0.0) -> Outcome:
+        """Wait for the outcome of the run the task process is on (`execution`), which
+        has been waited for `waited` seconds already."""
         hard_limit = None
         if execution.timeout:
-            hard_limit = execution.timeout + max(1.0, execution.timeout * 0.1)
+            hard_limit = max(0.0, execution.timeout + max(1.0, execution.timeout * 0.1)
+                             - waited)
         try:
             if conn is None:
                 raise EOFError("the task process was stopped")
@@ -982,7 +1020,8 @@ class ProcessRunner:
             logger.info("task process replaced pid=%s: %s", slot.process.pid, why)
             slot.replace()
 
-    def run_many(self, executions: list[Execution]) -> Iterator[Outcome]:
+    def run_many(self, executions: list[Execution], on_taken_back=None
+                 ) -> Iterator[Outcome]:
         """Run a batch of short jobs on one task process; yield their outcomes in order.
 
         The batch goes in one message and the task process reports each outcome as it
@@ -995,7 +1034,15 @@ class ProcessRunner:
         process: none is lost. One case runs a job twice (at-least-once, as a worker's
         death does): a force-cancel that kills the process in the instant it has just
         reported one job and begun the next; the next then runs again from its start.
+
+        `on_taken_back(executions)`: with more than one task process, a job that runs
+        past BATCH_PATIENCE_S does not hold up the jobs behind it. Those the task process
+        has not begun are taken back (each is begun there or taken back, never both:
+        _skipped) and handed to `on_taken_back`, to run elsewhere; TAKEN_BACK is yielded
+        in their place.
         """
+        if len(self.slots) < 2:
+            on_taken_back = None  # no other task process to run them
         slot = self.free.get()
         try:
             while executions:
@@ -1003,13 +1050,21 @@ class ProcessRunner:
                 take = len(executions)
                 if self.max_tasks:
                     take = max(1, min(take, self.max_tasks - slot.handed))
-                yield from self._run_batch(slot, executions[:take])
+                chunk, executions = executions[:take], executions[take:]
+                moved = yield from self._run_batch(slot, chunk, executions, on_taken_back)
+                if moved:  # the rest of the batch went with them
+                    for _ in executions:
+                        yield TAKEN_BACK
+                    return
                 self._renew_if_worn(slot)
-                executions = executions[take:]
         finally:
             self._release(slot)
 
-    def _run_batch(self, slot: _Slot, executions: list[Execution]) -> Iterator[Outcome]:
+    def _run_batch(self, slot: _Slot, executions: list[Execution], after: list[Execution],
+                   on_taken_back) -> Iterator[Outcome]:
+        """run_many for the jobs one task process is handed at once; `after`: the jobs
+        of the batch after them, taken back with them if it comes to that. Returns
+        whether they were."""
         with self._lock:
             early = {e.job_id for e in executions if e.job_id in self._early_cancels}
             for job_id in early:
@@ -1020,10 +1075,18 @@ class ProcessRunner:
             batch = [(slot.queued[e.job_id], e) for e in executions
                      if e.job_id not in early]
         conn = slot.send(batch) if batch else None
-        for execution in executions:
+        claims = slot.claims  # the task process's, which send() started if need be
+        taken: set[str] = set()
+        moved = False
+        for index, execution in enumerate(executions):
             job_id = execution.job_id
             if job_id in early:
                 yield _not_started(execution)
+                continue
+            if job_id in taken:
+                # The task process skips it and says so, once past the one it was on.
+                self._drop_report(slot, conn)
+                yield TAKEN_BACK
                 continue
             with self._lock:
                 slot.job_id, slot.cancelled = job_id, False
@@ -1056,13 +1119,83 @@ class ProcessRunner:
                 outcome = slot.outcome(conn, execution)
                 conn = None
             else:
-                outcome = slot.outcome(conn, execution)
+                waited = 0.0
+                behind = executions[index + 1:] + after
+                if on_taken_back is not None and not moved and behind:
+                    began = time.monotonic()
+                    if not self._reported_within(slot, conn, BATCH_PATIENCE_S):
+                        back = self._take_back(slot, claims, behind, after)
+                        if back:
+                            moved = bool(after)
+                            taken.update(e.job_id for e in back)
+                            logger.info(
+                                "job=%s has run for %.1fs with %d job(s) of its batch "
+                                "waiting behind it; they run on other task processes",
+                                job_id, time.monotonic() - began, len(back))
+                            on_taken_back(back)
+                    waited = time.monotonic() - began
+                outcome = slot.outcome(conn, execution, waited)
             with self._lock:
                 # At once: a force-cancel of this job from now on must not kill the
                 # next one, which the task process may already be running.
                 slot.queued.pop(job_id, None)
                 slot.job_id = None
             yield outcome
+        return moved
+
+    @staticmethod
+    def _reported_within(slot: _Slot, conn, seconds: float) -> bool:
+        """Whether the run the task process is on reports (or the process ends) within
+        `seconds`; slot.outcome() then reads which."""
+        try:
+            # Short jobs have mostly reported already: a poll, not a wait's selector.
+            return conn.poll(0) or slot._wait_outcome(conn, seconds)
+        except (EOFError, OSError):
+            return True
+
+    def _take_back(self, slot: _Slot, claims, behind: list[Execution],
+                   after: list[Execution]) -> list[Execution]:
+        """The jobs of `behind` the task process has not begun, taken back from it: all of
+        them if it has not begun the first (it runs them in order), none if it has. Jobs
+        cancelled meanwhile stay: the task process reports them as cancelled, in turn.
+        `after`, the end of `behind`, was never handed to it."""
+        handed = behind[:len(behind) - len(after)]
+        back: list[Execution] = []
+        if claims is None:
+            return back
+        with self._lock:
+            # Bounded: a task process killed inside the lock leaves it held; it is dead
+            # then, and nothing waits behind it.
+            if not claims.get_lock().acquire(timeout=1.0):
+                return back
+            try:
+                for execution in handed:
+                    number = slot.queued.get(execution.job_id)
+                    if number is None:
+                        continue
+                    if claims[number % BATCH_MAX] == number:
+                        return []  # begun: the task process is moving again
+                    if slot.flagged(number):
+                        continue  # cancelled: it reports so in its turn
+                    slot.flag(number)  # it skips a flagged run (_skipped)
+                    del slot.queued[execution.job_id]  # a cancel now waits for its rerun
+                    back.append(execution)
+            finally:
+                claims.get_lock().release()
+        return back + after
+
+    @staticmethod
+    def _drop_report(slot: _Slot, conn) -> None:
+        """Read the report of a run taken back from this task process (a cancellation
+        it never ran), so that it is not taken for a later run's outcome. None comes if
+        the process has died or was replaced meanwhile."""
+        if conn is None or slot.conn is not conn:
+            return
+        try:
+            if slot._wait_outcome(conn, None):
+                conn.recv()
+        except (EOFError, OSError):
+            pass
 
     @staticmethod
     def _number(slot: _Slot) -> int:

@@ -17,6 +17,7 @@ under a new identity. Jobs still running under the old identity finish, but thei
 outcome is written only if their old assignment still exists (never over a newer attempt).
 """
 
+import collections
 import heapq
 import json
 import logging
@@ -45,7 +46,7 @@ from .exceptions import (
     PayloadVerificationError,
     ZooKeeperUnavailableError,
 )
-from .executor import BATCH_MAX, Execution, Outcome, ProcessRunner, make_runner
+from .executor import BATCH_MAX, TAKEN_BACK, Execution, Outcome, ProcessRunner, make_runner
 from .handler import inline_watch
 from .leader import Leader
 from .prefetch import Prefetch
@@ -167,6 +168,10 @@ class Worker:
         self._arrivals = 0                  # jobs queued here so far
         self.missed_wakeups = 0             # jobs a runner found only at its 1 s poll
         self.batched_starts = 0             # jobs started in a runner's batch (MAX_STARTS)
+        # Jobs taken back from a batch held up by a long job (ProcessRunner.run_many),
+        # their starts recorded: any runner runs them before new jobs (_run_moved).
+        self._moved: collections.deque[tuple[_Queued, _Run]] = collections.deque()
+        self.moved_runs = 0                 # jobs so taken back
         self._paused = False
         self._draining = False
         self._stopping = threading.Event()
@@ -933,7 +938,7 @@ class Worker:
     def _runner_loop(self, lookahead: bool = False) -> None:
         while True:
             with self._cond:
-                while not self._stopping.is_set() and (
+                while not self._stopping.is_set() and not self._moved and (
                     not self._ready or self._paused or self._draining
                     or (lookahead and not (self._short_jobs()
                                            and self._short_task(self._ready[0])))
@@ -951,27 +956,24 @@ class Worker:
                     if not woken and not lookahead and self._arrivals != arrivals \
                             and self._ready and not self._paused:
                         self.missed_wakeups += 1  # a job came, and nobody woke us for it
-                if self._stopping.is_set() or self._draining:
+                if self._stopping.is_set():
                     return
-                items = [heapq.heappop(self._ready)]
-                extra = min(len(self._ready) - self._idle_runners, self._batch_size() - 1)
-                if not self._short_task(items[0]):
-                    extra = 0  # the batch would wait behind it
-                for _ in range(extra):
-                    if not self._short_task(self._ready[0]):
-                        break  # it would show RUNNING while the batch ahead of it runs
-                    items.append(heapq.heappop(self._ready))
-                if len(items) > 1:
-                    self.batched_starts += len(items)
-                for item in items:
-                    self._running[item.job_id] = item.worker_id
-            handed_over = set()
+                moved = self._moved.popleft() if self._moved else None
+                if moved is None and self._draining:
+                    return
+                if moved is None:
+                    items = self._take_ready()
+            if moved is not None:
+                self._run_moved(*moved)
+                continue
+            handed_over: set[str] = set()
+            gone: set[str] = set()  # taken back from the batch: another runner has them
             try:
                 # Every start first (the committer writes a batch's together), then each
                 # job in turn once its own start is recorded; a failure stays its job's.
                 begun = [(item, self._guarded(item, self._begin, item)) for item in items]
                 if len(items) > 1 and getattr(self.runner, "batch_max", None):
-                    handed_over |= self._execute_batch(begun)
+                    handed_over |= self._execute_batch(begun, gone)
                 else:
                     for item, started in begun:
                         if self._stopping.is_set():
@@ -982,25 +984,47 @@ class Worker:
                                                                   started, held=True):
                             handed_over.add(item.job_id)
             finally:
-                with self._cond:
-                    for item in items:
-                        if self._running.get(item.job_id) == item.worker_id:
-                            del self._running[item.job_id]
-                        if item.job_id not in handed_over:
-                            # Otherwise it stays known until its outcome is recorded (or
-                            # refused): its assignment is still there until then.
-                            self._forget(item)
-                        # A cancel read while it was in _running but not on the runner
-                        # (its run settling, a start refused) stayed there for good: one
-                        # entry per such job ever cancelled (a resource-growth audit). Not
-                        # while a rerun of it runs here (under our new identity): the
-                        # runner keeps cancels by job id, and that one is the rerun's.
-                        # Under _cond, as _read_cancels hands cancels on, so a rerun
-                        # cannot start and be cancelled between the check and this.
-                        if item.job_id not in self._running:
-                            self.runner.forget(item.job_id)
-                for item in items:
-                    self._wake_if_draining(item.job_id)
+                self._let_go([item for item in items if item.job_id not in gone],
+                             handed_over)
+
+    def _take_ready(self) -> list[_Queued]:
+        """The next job, and the short ones a batch takes with it (caller holds _cond)."""
+        items = [heapq.heappop(self._ready)]
+        extra = min(len(self._ready) - self._idle_runners, self._batch_size() - 1)
+        if not self._short_task(items[0]):
+            extra = 0  # the batch would wait behind it
+        for _ in range(extra):
+            if not self._short_task(self._ready[0]):
+                break  # it would show RUNNING while the batch ahead of it runs
+            items.append(heapq.heappop(self._ready))
+        if len(items) > 1:
+            self.batched_starts += len(items)
+        for item in items:
+            self._running[item.job_id] = item.worker_id
+        return items
+
+    def _let_go(self, items: list[_Queued], handed_over: set[str]) -> None:
+        """A runner is done with these jobs; `handed_over`: those whose outcome went to
+        the committer."""
+        with self._cond:
+            for item in items:
+                if self._running.get(item.job_id) == item.worker_id:
+                    del self._running[item.job_id]
+                if item.job_id not in handed_over:
+                    # Otherwise it stays known until its outcome is recorded (or
+                    # refused): its assignment is still there until then.
+                    self._forget(item)
+                # A cancel read while it was in _running but not on the runner
+                # (its run settling, a start refused) stayed there for good: one
+                # entry per such job ever cancelled (a resource-growth audit). Not
+                # while a rerun of it runs here (under our new identity): the
+                # runner keeps cancels by job id, and that one is the rerun's.
+                # Under _cond, as _read_cancels hands cancels on, so a rerun
+                # cannot start and be cancelled between the check and this.
+                if item.job_id not in self._running:
+                    self.runner.forget(item.job_id)
+        for item in items:
+            self._wake_if_draining(item.job_id)
 
     def _batch_size(self) -> int:
         average = self._run_avg
@@ -1074,18 +1098,24 @@ class Worker:
         run = self._ready_to_run(item, begun)
         if run is None:
             return False
+        return self._execute_run(item, run)
+
+    def _execute_run(self, item: _Queued, run: _Run) -> bool:
+        """Run a job whose start is recorded; True if its outcome went to the committer."""
         with self._slots:  # a lookahead runner waits here for a free slot
             began = time.monotonic()
             outcome = self.runner.run(run.execution)
             took = time.monotonic() - began
         return self._settle(item, run, outcome, took)
 
-    def _execute_batch(self, begun: list) -> set[str]:
+    def _execute_batch(self, begun: list, gone: set[str]) -> set[str]:
         """Run a batch of short jobs (started together) through one task process in one
         hand-off (ProcessRunner.run_many); return the ids whose outcomes were handed on.
 
         Each job is settled as soon as its outcome comes, while the task process runs
-        the next; a step that fails touches only its own job.
+        the next; a step that fails touches only its own job. Jobs held up behind a long
+        one are taken back and queued for any runner (_moved); their ids go in `gone`,
+        and another runner lets go of them.
         """
         runs = []
         for item, started in begun:
@@ -1096,12 +1126,27 @@ class Worker:
         handed_over: set[str] = set()
         if not runs or self._stopping.is_set():
             return handed_over  # a forced stop: they stay assigned, as in _runner_loop
+        by_id = {run.execution.job_id: (item, run) for item, run in runs}
+        mine: list[tuple[_Queued, _Run]] = []
+
+        def taken_back(executions) -> None:
+            moved = [by_id[execution.job_id] for execution in executions]
+            with self._cond:
+                gone.update(item.job_id for item, _ in moved)
+                mine.extend(moved)
+                self._moved.extend(moved)
+                self.moved_runs += len(moved)
+                self._cond.notify_all()
+
         with self._slots:
-            outcomes = self.runner.run_many([run.execution for _, run in runs])
+            outcomes = self.runner.run_many([run.execution for _, run in runs],
+                                            on_taken_back=taken_back)
             try:
                 began = time.monotonic()
                 for (item, run), outcome in zip(runs, outcomes, strict=True):
                     took, began = time.monotonic() - began, time.monotonic()
+                    if outcome is TAKEN_BACK:
+                        continue
                     if self._guarded(item, self._settle, item, run, outcome, took,
                                      more=item is not runs[-1][0], held=True):
                         handed_over.add(item.job_id)
@@ -1111,7 +1156,37 @@ class Worker:
                         break
             finally:
                 outcomes.close()
+        # Those no other runner has taken up yet (all were busy, or stopped by a drain)
+        # run here, as they would have without the take-back.
+        while True:
+            with self._cond:
+                # By identity: _Queued compares by its sort key alone.
+                index = next((i for i, m in enumerate(self._moved)
+                              if any(m is own for own in mine)), None)
+                if index is None:
+                    break
+                left = self._moved[index]
+                del self._moved[index]
+            self._run_moved(*left)
         return handed_over
+
+    def _run_moved(self, item: _Queued, run: _Run) -> None:
+        """Run a job taken back from a held-up batch: its start is recorded, and it is
+        still in _running and known, under the identity that started it."""
+        handed_over: set[str] = set()
+        try:
+            if self._stopping.is_set():
+                return  # a forced stop: it stays assigned, RUNNING (at-least-once)
+            if self._session_ended or item.worker_id != self.worker_id:
+                # Its identity's session is gone: the leader hands it back (rule 3).
+                logger.warning("job not run: worker=%s lost its session while the job "
+                               "waited job=%s; it will be handed back", item.worker_id,
+                               item.job_id)
+                return
+            if self._guarded(item, self._execute_run, item, run, held=True):
+                handed_over.add(item.job_id)
+        finally:
+            self._let_go([item], handed_over)
 
     def _ready_to_run(self, item: _Queued, begun) -> _Run | None:
         """Wait for the job's start to be recorded; None if it was refused (not ours)."""

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from tests import tasks
 from tests.pending import pending_nodes
+from tests.waiting import wait_until
 from zktasks import submit
 
 
@@ -247,3 +248,38 @@ def test_an_idle_worker_wakes_a_runner_for_a_job_that_is_not_short(backend, star
     for _ in range(6):
         tasks.short_sleep.submit(0.08).wait(timeout=30)  # over LOOKAHEAD_MAX_S
     assert worker.missed_wakeups == 0
+
+
+def test_jobs_batched_behind_one_that_blocks_run_on_another_task_process(
+        backend, start_worker, tmp_path, monkeypatch):
+    """A job of a task that ran short so far blocks (a lock wait, a read with no
+    timeout). The jobs started in its batch behind it no longer wait with it: they are
+    taken back from its task process and run on the other one, each once, while it still
+    blocks; it ends when released."""
+    from zktasks.worker import Worker
+
+    # As after a run of short jobs: runners take batches of them.
+    monkeypatch.setattr(Worker, "_batch_size", lambda self: 16)
+    monkeypatch.setattr(Worker, "_short_task", lambda self, item: True)
+    gate, release, ready = tmp_path / "gate", tmp_path / "release", tmp_path / "ready"
+    ready.touch()
+    worker = start_worker(concurrency=2, prefetch=16, pool="process")
+    # Both task processes busy, so that the next jobs wait on the worker together and
+    # a runner takes the first of them (by priority) with the others in one batch.
+    gates = [tasks.wait_for_file.submit(str(gate), "gate") for _ in range(2)]
+    wait_until(lambda: all(backend.get_result(job.id).status == TaskResultStatus.RUNNING
+                           for job in gates), 30, "both task processes to be busy")
+    blocked = tasks.wait_for_file.using(priority=10).submit(str(release), "released")
+    jobs = tasks.wait_for_file.submit_many([((str(ready), n), {}) for n in range(15)])
+    wait_until(lambda: len(worker._ready) == 16, 30, "the jobs to wait on the worker")
+    gate.touch()
+    try:
+        done = [job.wait(timeout=60) for job in jobs]
+        assert [job.return_value for job in done] == list(range(15))
+        assert all(job.attempts == 1 for job in done)
+        assert backend.get_result(blocked.id).status == TaskResultStatus.RUNNING
+        assert worker.moved_runs > 0
+    finally:
+        release.touch()
+    assert blocked.wait(timeout=60).return_value == "released"
+    assert all(job.wait(timeout=60).return_value == "gate" for job in gates)

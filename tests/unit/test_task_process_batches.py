@@ -250,3 +250,151 @@ def test_a_task_process_whose_worker_is_gone_stops_without_a_traceback():
     assert workers.recv() == "an outcome"
     workers.close()
     assert _report(mine, "an outcome") is False
+
+
+class _Elsewhere:
+    """What the worker does with jobs taken back from a batch (on_taken_back): run them
+    on the runner's other task process, from a thread of their own."""
+
+    def __init__(self, runner, cancel=()):
+        self.runner, self.cancel = runner, set(cancel)
+        self.outcomes: dict[str, object] = {}
+        self.handed: list[Execution] = []
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self, executions):
+        self.handed.extend(executions)
+        for job in executions:
+            if job.job_id in self.cancel:
+                self.runner.cancel(job.job_id)  # between the take-back and its rerun
+        thread = threading.Thread(target=self._run, args=(executions,))
+        thread.start()
+        self.threads.append(thread)
+
+    def _run(self, executions):
+        for job in executions:
+            self.outcomes[job.job_id] = self.runner.run(job)
+
+    def join(self):
+        for thread in self.threads:
+            thread.join(60)
+
+
+@pytest.mark.parametrize("max_tasks", [None, 3])
+def test_jobs_held_up_behind_a_long_one_run_on_another_task_process(tmp_path, max_tasks):
+    """A job of a batch that blocks (here until released) no longer holds up the jobs
+    behind it in its task process: past BATCH_PATIENCE_S they are taken back and run on
+    the other task process while it still blocks, each once; a cancel that comes for one
+    of them meanwhile is kept. With --max-tasks-per-child 3 the batch goes to its task
+    process in parts, and those not handed to it yet are taken back too."""
+    from zktasks.executor import TAKEN_BACK
+
+    runner = ProcessRunner(2, max_tasks=max_tasks)
+    runner.start()
+    try:
+        release = tmp_path / "release"
+        blocker = execution(tasks.record_pid_and_wait, str(tmp_path), str(release))
+        behind = [execution(tasks.mark, str(tmp_path), n) for n in range(1, 6)]
+        elsewhere = _Elsewhere(runner, cancel={behind[2].job_id})
+        outcomes = []
+        thread = threading.Thread(target=lambda: outcomes.extend(
+            runner.run_many([blocker, *behind], on_taken_back=elsewhere)))
+        thread.start()
+        try:
+            # While the first job still blocks, the others run and end.
+            wait_until(lambda: len(elsewhere.outcomes) == 5, 60,
+                       "the jobs behind the blocked one to run elsewhere")
+        finally:
+            release.touch()
+            thread.join(60)
+            elsewhere.join()
+        blocked_pid = int((tmp_path / "pid").read_text())
+        assert value(outcomes[0]) == blocked_pid
+        assert outcomes[1:] == [TAKEN_BACK] * 5
+        assert [e.job_id for e in elsewhere.handed] == [e.job_id for e in behind]
+        cancelled = elsewhere.outcomes.pop(behind[2].job_id)
+        assert not cancelled.ok and cancelled.error.exception_class_path == CANCELLED
+        assert sorted(value(o) for o in elsewhere.outcomes.values()) == [1, 2, 4, 5]
+        found = runs(tmp_path)
+        assert sorted(found) == [1, 2, 4, 5] and all(len(p) == 1 for p in found.values())
+        assert blocked_pid not in {pid for pids in found.values() for pid in pids}
+        # The blocked task process goes on with the next batch: nothing of the taken-back
+        # jobs is left in its pipe to be read as that batch's outcomes.
+        more = list(runner.run_many([execution(tasks.add, n, 1) for n in range(4)]))
+        assert [value(o) for o in more] == [1, 2, 3, 4]
+    finally:
+        runner.stop()
+
+
+def test_a_job_runs_in_its_batch_or_is_taken_back_never_both(tmp_path, monkeypatch):
+    """With a patience about as long as the first job of each batch (a 2 ms sleep), the
+    worker takes back the jobs behind it just as the task process ends it and begins
+    the next. Each job is one or the other, once (the claim under a lock shared with the
+    task process)."""
+    import random
+
+    from zktasks import executor
+    from zktasks.executor import TAKEN_BACK
+
+    runner = ProcessRunner(2)
+    runner.start()
+    try:
+        elsewhere = _Elsewhere(runner)
+        numbers = iter(range(10_000))
+        in_batch = 0
+        for round_ in range(200):
+            # Batches of marks alone (each about 0.1 ms: the worker often takes back
+            # as the process moves from one to the next), and batches led by a 2 ms
+            # sleep (the worker surely takes back from about half of them).
+            monkeypatch.setattr(executor, "BATCH_PATIENCE_S", random.uniform(0, 0.004))
+            batch = [execution(tasks.mark, str(tmp_path), next(numbers)) for _ in range(7)]
+            if round_ % 2:
+                batch.insert(0, execution(tasks.short_sleep, 0.002))
+            for outcome in runner.run_many(batch, on_taken_back=elsewhere):
+                if outcome is not TAKEN_BACK:
+                    value(outcome)
+                    in_batch += 1
+            elsewhere.join()
+        assert in_batch - 100 + len(elsewhere.handed) == 1400  # 100 sleeps ran in batch
+        assert all(o.ok for o in elsewhere.outcomes.values())
+        found = runs(tmp_path)
+        assert sorted(found) == list(range(1400))
+        assert all(len(pids) == 1 for pids in found.values())  # none ran twice
+        assert len(elsewhere.handed) > 7  # taken back from several batches
+    finally:
+        runner.stop()
+
+
+def test_a_job_its_task_process_has_begun_is_not_taken_back(tmp_path, monkeypatch):
+    """The race the test above runs into by chance, set up: the task process has ended
+    one job and begun the next when the worker, still behind, decides to take back the
+    rest. It takes back nothing (the process is moving again), and the job runs once."""
+    from zktasks import executor
+
+    monkeypatch.setattr(executor, "BATCH_PATIENCE_S", 60.0)  # no take-back of its own
+    runner = ProcessRunner(2)
+    runner.start()
+    try:
+        a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+        a_dir.mkdir(), b_dir.mkdir()
+        a = execution(tasks.record_pid_and_wait, str(a_dir), str(tmp_path / "release-a"))
+        b = execution(tasks.record_pid_and_wait, str(b_dir), str(tmp_path / "release-b"))
+        last = execution(tasks.mark, str(tmp_path), 1)
+        outcomes = []
+        thread = threading.Thread(target=lambda: outcomes.extend(
+            runner.run_many([a, b, last], on_taken_back=pytest.fail)))
+        thread.start()
+        try:
+            wait_until((a_dir / "pid").exists, 30, "job a to start")
+            (tmp_path / "release-a").touch()
+            wait_until((b_dir / "pid").exists, 30, "job b to start")
+            slot = next(slot for slot in runner.slots if b.job_id in slot.queued)
+            assert runner._take_back(slot, slot.claims, [b, last], []) == []
+        finally:
+            (tmp_path / "release-a").touch()
+            (tmp_path / "release-b").touch()
+            thread.join(60)
+        assert [value(o) for o in outcomes] == [int((a_dir / "pid").read_text())] * 2 + [1]
+        assert sorted(runs(tmp_path)) == [1]
+    finally:
+        runner.stop()
