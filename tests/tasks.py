@@ -619,3 +619,29 @@ def process_view() -> dict:
     os.umask(mask)
     return {"pid": os.getpid(), "cwd": os.getcwd(), "umask": mask,
             "environment": os.environ.get("ZKTASKS_TEST_LEFTOVER")}
+
+
+@zk_task
+def terminates_what_it_started():
+    """Start a program and a forked process, terminate() both, and say how each ended:
+    -15 for SIGTERM, "ignored" if it still ran 10 s later."""
+    import multiprocessing
+    import subprocess
+
+    program = subprocess.Popen(["sleep", "60"])
+    program.terminate()
+    try:
+        ended = program.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        program.kill()
+        program.wait()
+        ended = "ignored"
+    forked = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+    forked.start()
+    forked.terminate()
+    forked.join(10)
+    if forked.is_alive():
+        forked.kill()
+        forked.join()
+        return [ended, "ignored"]
+    return [ended, forked.exitcode]

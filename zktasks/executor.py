@@ -334,6 +334,63 @@ CHECK_EVERY = 1.0  # seconds between checks that a task process still lives (_wa
 MAX_ALARM = 10 * 365 * 86400.0  # the longest soft limit setitimer is given (ten years)
 
 
+_task_process_pid: int | None = None
+
+
+def _ignore_group_signals() -> None:
+    """Have this task process ignore the group's signals, and the processes its tasks
+    start not: a handler that does nothing rather than SIG_IGN, which a child keeps
+    through exec(). With SIG_IGN, a subprocess ignored Popen.terminate(), and the workers
+    of a multiprocessing pool its terminate(): `with multiprocessing.Pool() as pool:`
+    could hang at its end for good (a worker waiting on the lock terminate() takes).
+    exec() resets a handler; a fork of this process (a "fork" pool's workers, os.fork)
+    gets the defaults back at once (register_at_fork), or from the handler itself.
+
+    The signals are blocked across a fork: one sent to the child before it has its
+    defaults back would meet our handler there, and CPython drops what a handler has
+    not run yet in a fork's child (Popen.terminate() right after start() was lost so,
+    one time in two in a test)."""
+    global _task_process_pid
+    _task_process_pid = os.getpid()
+    for signum in _GROUP_SIGNALS:
+        signal.signal(signum, _group_signal)
+        # Restarted, not cut short with EINTR, where the system call allows (read, write,
+        # waits on sockets without a timeout): a drain's signal leaves the task alone.
+        signal.siginterrupt(signum, False)
+    os.register_at_fork(before=_block_group_signals, after_in_parent=_unblock_group_signals,
+                        after_in_child=_group_signals_as_default)
+
+
+def _group_signal(signum, frame) -> None:
+    if os.getpid() != _task_process_pid:  # a fork that bypassed register_at_fork
+        _group_signals_as_default()
+        signal.raise_signal(signum)
+
+
+_mask_before_fork = threading.local()
+
+
+def _block_group_signals() -> None:
+    _mask_before_fork.mask = signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
+
+
+def _unblock_group_signals() -> None:
+    mask = getattr(_mask_before_fork, "mask", None)
+    if mask is not None:  # as the forking thread had it
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _group_signals_as_default() -> None:
+    """In a fork of a task process: the defaults, then what came meanwhile."""
+    try:
+        for signum in _GROUP_SIGNALS:
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT
+                          else signal.SIG_DFL)
+    except ValueError:  # not the main thread (os.fork from another one, in a C library)
+        pass
+    _unblock_group_signals()
+
+
 def _child_main(conn, parent_pid: int | None, cancel_flags, claims) -> None:
     _die_with_parent()
     # The parent (the worker, or the fork server) died before prctl took effect.
@@ -346,8 +403,7 @@ def _child_main(conn, parent_pid: int | None, cancel_flags, claims) -> None:
     # decides what stops (it drains, and kills a task process with SIGKILL when it must).
     # Taken by default, SIGTERM failed the running job with TaskProcessDied mid-drain;
     # SIGHUP (the terminal closed) did the same.
-    for signum in _GROUP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
+    _ignore_group_signals()
     # Blocked by the parent around our start (Slot.ensure) and inherited: one sent while
     # we booted is pending, and, ignored now, dropped as we unblock.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _GROUP_SIGNALS)

@@ -4,6 +4,7 @@ its outcome, its time limit, its cancellation, and a crash that costs only itsel
 
 import os
 import secrets
+import signal
 import threading
 from pathlib import Path
 
@@ -398,3 +399,16 @@ def test_a_job_its_task_process_has_begun_is_not_taken_back(tmp_path, monkeypatc
         assert sorted(runs(tmp_path)) == [1]
     finally:
         runner.stop()
+
+
+def test_a_task_process_ignores_the_group_s_signals_and_what_its_task_starts_not(runner):
+    """A task process leaves stopping to its worker (a drain's signal reaches the whole
+    process group). What its task starts did too, SIG_IGN being inherited through fork
+    and exec: Popen.terminate() did nothing, nor did a multiprocessing pool's
+    terminate(), and `with multiprocessing.Pool() as pool:` could hang at its end for
+    good (seen in this suite: test_task_code_can_start_processes_of_its_own)."""
+    assert value(runner.run(execution(tasks.terminates_what_it_started))) == [-15, -15]
+    pid = value(runner.run(execution(tasks.pid)))
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        os.kill(pid, signum)
+    assert value(runner.run(execution(tasks.pid))) == pid  # the same process, alive
