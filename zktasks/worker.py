@@ -37,7 +37,7 @@ from kazoo.exceptions import ConnectionLoss, KazooException, NodeExistsError, No
 from kazoo.protocol.states import EventType, KazooState
 from kazoo.recipe.watchers import ChildrenWatch
 
-from . import deadletter, envelope, records, serialization
+from . import deadletter, envelope, executor, records, serialization
 from .client import new_client, start
 from .committer import Commit, Committer
 from .exceptions import (
@@ -107,6 +107,17 @@ class _Run:
     execution: Execution
 
 
+@dataclass(eq=False)
+class _Held:
+    """A thread-pool runner's batch, run in turn on that runner's thread: the jobs not
+    begun yet, and since when the current one runs. Past BATCH_PATIENCE_S another runner
+    takes the rest (Worker._take_overdue). Under Worker._cond."""
+
+    rest: collections.deque
+    since: float
+    gone: set[str]  # the ids taken: the batch's runner no longer lets go of them
+
+
 class Worker:
     """Run jobs of one backend alias until stopped."""
 
@@ -172,6 +183,7 @@ class Worker:
         # their starts recorded: any runner runs them before new jobs (_run_moved).
         self._moved: collections.deque[tuple[_Queued, _Run]] = collections.deque()
         self.moved_runs = 0                 # jobs so taken back
+        self._held: list[_Held] = []        # thread pool: batches run in turn (the same)
         self._paused = False
         self._draining = False
         self._stopping = threading.Event()
@@ -938,7 +950,7 @@ class Worker:
     def _runner_loop(self, lookahead: bool = False) -> None:
         while True:
             with self._cond:
-                while not self._stopping.is_set() and not self._moved and (
+                while not self._stopping.is_set() and not self._take_overdue() and (
                     not self._ready or self._paused or self._draining
                     or (lookahead and not (self._short_jobs()
                                            and self._short_task(self._ready[0])))
@@ -948,13 +960,14 @@ class Worker:
                     self._idle_runners += 1
                     self._idle_lookahead += lookahead
                     arrivals = self._arrivals
+                    timeout = self._patience_left()
                     try:
-                        woken = self._cond.wait(1.0)
+                        woken = self._cond.wait(timeout)
                     finally:
                         self._idle_runners -= 1
                         self._idle_lookahead -= lookahead
-                    if not woken and not lookahead and self._arrivals != arrivals \
-                            and self._ready and not self._paused:
+                    if not woken and timeout >= 1.0 and not lookahead \
+                            and self._arrivals != arrivals and self._ready and not self._paused:
                         self.missed_wakeups += 1  # a job came, and nobody woke us for it
                 if self._stopping.is_set():
                     return
@@ -974,6 +987,8 @@ class Worker:
                 begun = [(item, self._guarded(item, self._begin, item)) for item in items]
                 if len(items) > 1 and getattr(self.runner, "batch_max", None):
                     handed_over |= self._execute_batch(begun, gone)
+                elif len(items) > 1:
+                    handed_over |= self._execute_in_turn(begun, gone)
                 else:
                     for item, started in begun:
                         if self._stopping.is_set():
@@ -986,6 +1001,35 @@ class Worker:
             finally:
                 self._let_go([item for item in items if item.job_id not in gone],
                              handed_over)
+
+    def _take_overdue(self) -> bool:
+        """Whether there are jobs taken back from a held-up batch to run (caller holds
+        _cond); takes those of the thread pool's batches whose current job has run past
+        BATCH_PATIENCE_S (the process pool's are taken back by ProcessRunner.run_many)."""
+        if self._held:
+            now = time.monotonic()
+            for held in self._held:
+                if held.rest and now - held.since >= executor.BATCH_PATIENCE_S:
+                    moved = list(held.rest)
+                    held.rest.clear()
+                    held.gone.update(item.job_id for item, _ in moved)
+                    self._moved.extend(moved)
+                    self.moved_runs += len(moved)
+                    logger.info("a job has run for %.1fs with %d job(s) of its batch waiting "
+                                "behind it; they run on other threads", now - held.since,
+                                len(moved))
+        return bool(self._moved)
+
+    def _patience_left(self) -> float:
+        """How long an idle runner may wait before a held-up batch is due to be taken
+        (caller holds _cond): 1 s at most, as before."""
+        wait = 1.0
+        if self._held:
+            now = time.monotonic()
+            for held in self._held:
+                if held.rest:
+                    wait = min(wait, max(0.01, held.since + executor.BATCH_PATIENCE_S - now))
+        return wait
 
     def _take_ready(self) -> list[_Queued]:
         """The next job, and the short ones a batch takes with it (caller holds _cond)."""
@@ -1108,6 +1152,39 @@ class Worker:
             took = time.monotonic() - began
         return self._settle(item, run, outcome, took)
 
+    def _execute_in_turn(self, begun: list, gone: set[str]) -> set[str]:
+        """Thread pool: run a batch of short jobs (started together) in turn on this
+        runner's thread; return the ids whose outcomes were handed on. One that runs past
+        BATCH_PATIENCE_S leaves the rest to other runners (_take_overdue), whose ids go
+        in `gone`."""
+        runs = []
+        for item, started in begun:
+            run = None if started is None else self._guarded(item, self._ready_to_run, item,
+                                                             started)
+            if run is not None:
+                runs.append((item, run))
+        handed_over: set[str] = set()
+        held = _Held(collections.deque(runs), time.monotonic(), gone)
+        if self.concurrency > 1:  # else no other slot to run them on
+            with self._cond:
+                self._held.append(held)
+        try:
+            while not self._stopping.is_set():  # a forced stop: the rest stay assigned
+                with self._cond:
+                    if not held.rest:
+                        break
+                    item, run = held.rest.popleft()
+                    held.since = time.monotonic()
+                if self._identity_lost(item):
+                    continue
+                if self._guarded(item, self._execute_run, item, run, held=True):
+                    handed_over.add(item.job_id)
+        finally:
+            with self._cond:
+                if held in self._held:
+                    self._held.remove(held)
+        return handed_over
+
     def _execute_batch(self, begun: list, gone: set[str]) -> set[str]:
         """Run a batch of short jobs (started together) through one task process in one
         hand-off (ProcessRunner.run_many); return the ids whose outcomes were handed on.
@@ -1170,6 +1247,15 @@ class Worker:
             self._run_moved(*left)
         return handed_over
 
+    def _identity_lost(self, item: _Queued) -> bool:
+        """Whether the session of the identity that started a job waiting to run has
+        ended: then it does not run here, and the leader hands it back (rule 3)."""
+        if self._session_ended or item.worker_id != self.worker_id:
+            logger.warning("job not run: worker=%s lost its session while the job waited "
+                           "job=%s; it will be handed back", item.worker_id, item.job_id)
+            return True
+        return False
+
     def _run_moved(self, item: _Queued, run: _Run) -> None:
         """Run a job taken back from a held-up batch: its start is recorded, and it is
         still in _running and known, under the identity that started it."""
@@ -1177,11 +1263,7 @@ class Worker:
         try:
             if self._stopping.is_set():
                 return  # a forced stop: it stays assigned, RUNNING (at-least-once)
-            if self._session_ended or item.worker_id != self.worker_id:
-                # Its identity's session is gone: the leader hands it back (rule 3).
-                logger.warning("job not run: worker=%s lost its session while the job "
-                               "waited job=%s; it will be handed back", item.worker_id,
-                               item.job_id)
+            if self._identity_lost(item):
                 return
             if self._guarded(item, self._execute_run, item, run, held=True):
                 handed_over.add(item.job_id)

@@ -250,12 +250,13 @@ def test_an_idle_worker_wakes_a_runner_for_a_job_that_is_not_short(backend, star
     assert worker.missed_wakeups == 0
 
 
-def test_jobs_batched_behind_one_that_blocks_run_on_another_task_process(
-        backend, start_worker, tmp_path, monkeypatch):
+@pytest.mark.parametrize("pool", ["process", "thread"])
+def test_jobs_batched_behind_one_that_blocks_run_elsewhere(
+        backend, start_worker, tmp_path, monkeypatch, pool):
     """A job of a task that ran short so far blocks (a lock wait, a read with no
     timeout). The jobs started in its batch behind it no longer wait with it: they are
-    taken back from its task process and run on the other one, each once, while it still
-    blocks; it ends when released."""
+    taken back from its task process (or runner thread) and run on the other one, each
+    once, while it still blocks; it ends when released."""
     from zktasks.worker import Worker
 
     # As after a run of short jobs: runners take batches of them.
@@ -263,9 +264,9 @@ def test_jobs_batched_behind_one_that_blocks_run_on_another_task_process(
     monkeypatch.setattr(Worker, "_short_task", lambda self, item: True)
     gate, release, ready = tmp_path / "gate", tmp_path / "release", tmp_path / "ready"
     ready.touch()
-    worker = start_worker(concurrency=2, prefetch=16, pool="process")
-    # Both task processes busy, so that the next jobs wait on the worker together and
-    # a runner takes the first of them (by priority) with the others in one batch.
+    worker = start_worker(concurrency=2, prefetch=16, pool=pool)
+    # Both task processes (or threads) busy, so that the next jobs wait on the worker
+    # together and a runner takes the first of them (by priority) with others in a batch.
     gates = [tasks.wait_for_file.submit(str(gate), "gate") for _ in range(2)]
     wait_until(lambda: all(backend.get_result(job.id).status == TaskResultStatus.RUNNING
                            for job in gates), 30, "both task processes to be busy")
