@@ -1152,17 +1152,22 @@ class Worker:
             took = time.monotonic() - began
         return self._settle(item, run, outcome, took)
 
-    def _execute_in_turn(self, begun: list, gone: set[str]) -> set[str]:
-        """Thread pool: run a batch of short jobs (started together) in turn on this
-        runner's thread; return the ids whose outcomes were handed on. One that runs past
-        BATCH_PATIENCE_S leaves the rest to other runners (_take_overdue), whose ids go
-        in `gone`."""
+    def _ready_runs(self, begun: list) -> list[tuple[_Queued, _Run]]:
+        """The jobs of a batch whose starts are recorded, each once its own is."""
         runs = []
         for item, started in begun:
             run = None if started is None else self._guarded(item, self._ready_to_run, item,
                                                              started)
             if run is not None:
                 runs.append((item, run))
+        return runs
+
+    def _execute_in_turn(self, begun: list, gone: set[str]) -> set[str]:
+        """Thread pool: run a batch of short jobs (started together) in turn on this
+        runner's thread; return the ids whose outcomes were handed on. One that runs past
+        BATCH_PATIENCE_S leaves the rest to other runners (_take_overdue), whose ids go
+        in `gone`."""
+        runs = self._ready_runs(begun)
         handed_over: set[str] = set()
         held = _Held(collections.deque(runs), time.monotonic(), gone)
         if self.concurrency > 1:  # else no other slot to run them on
@@ -1194,12 +1199,7 @@ class Worker:
         one are taken back and queued for any runner (_moved); their ids go in `gone`,
         and another runner lets go of them.
         """
-        runs = []
-        for item, started in begun:
-            run = None if started is None else self._guarded(item, self._ready_to_run, item,
-                                                             started)
-            if run is not None:
-                runs.append((item, run))
+        runs = self._ready_runs(begun)
         handed_over: set[str] = set()
         if not runs or self._stopping.is_set():
             return handed_over  # a forced stop: they stay assigned, as in _runner_loop
