@@ -38,6 +38,7 @@ BATCH_MAX = 16
 # jobs not started yet are taken back to run on the other task processes
 # (ProcessRunner.run_many). 250 times the longest a batched job ran on average.
 BATCH_PATIENCE_S = 0.5
+DROP_REPORT_WAIT = 30.0  # seconds (ProcessRunner._drop_report)
 
 
 class _TakenBack:
@@ -434,7 +435,8 @@ def _child_main(conn, parent_pid: int | None, cancel_flags, claims) -> None:
     state = ProcessState()  # the directory and umask each job finds (leftovers.py)
     # Ready: the worker counts a run's hard time limit from the hand-off, so it waits
     # for this before the first one (django.setup() took 3 s on a loaded 2-CPU VM).
-    conn.send(_READY_FORKED if server is not None else _READY)
+    if not _report(conn, _READY_FORKED if server is not None else _READY):
+        return  # stopped while we set up (a worker's stop, replacing a worn-out process)
     while True:
         try:
             message = conn.recv()
@@ -1108,11 +1110,11 @@ class ProcessRunner:
                     take = max(1, min(take, self.max_tasks - slot.handed))
                 chunk, executions = executions[:take], executions[take:]
                 moved = yield from self._run_batch(slot, chunk, executions, on_taken_back)
+                self._renew_if_worn(slot)
                 if moved:  # the rest of the batch went with them
                     for _ in executions:
                         yield TAKEN_BACK
                     return
-                self._renew_if_worn(slot)
         finally:
             self._release(slot)
 
@@ -1219,12 +1221,13 @@ class ProcessRunner:
         back: list[Execution] = []
         if claims is None:
             return back
-        with self._lock:
-            # Bounded: a task process killed inside the lock leaves it held; it is dead
-            # then, and nothing waits behind it.
-            if not claims.get_lock().acquire(timeout=1.0):
-                return back
-            try:
+        # Bounded: a task process killed inside the lock leaves it held; it is dead then,
+        # and nothing waits behind it. Taken before ours, so that cancels and other
+        # runners never wait on a task process (which takes this one alone).
+        if not claims.get_lock().acquire(timeout=1.0):
+            return back
+        try:
+            with self._lock:
                 for execution in handed:
                     number = slot.queued.get(execution.job_id)
                     if number is None:
@@ -1236,22 +1239,29 @@ class ProcessRunner:
                     slot.flag(number)  # it skips a flagged run (_skipped)
                     del slot.queued[execution.job_id]  # a cancel now waits for its rerun
                     back.append(execution)
-            finally:
-                claims.get_lock().release()
+        finally:
+            claims.get_lock().release()
         return back + after
 
     @staticmethod
     def _drop_report(slot: _Slot, conn) -> None:
         """Read the report of a run taken back from this task process (a cancellation
         it never ran), so that it is not taken for a later run's outcome. None comes if
-        the process has died or was replaced meanwhile."""
+        the process has died or was replaced meanwhile. It comes at once after the run
+        the process was on (what follows it is skipped); a process that sends nothing
+        for DROP_REPORT_WAIT is stuck between jobs and is killed, which its next run
+        sees."""
         if conn is None or slot.conn is not conn:
             return
         try:
-            if slot._wait_outcome(conn, None):
+            if slot._wait_outcome(conn, DROP_REPORT_WAIT):
                 conn.recv()
+                return
         except (EOFError, OSError):
-            pass
+            return
+        logger.error("task process pid=%s sent nothing for %gs after its job; killing it",
+                     getattr(slot.process, "pid", None), DROP_REPORT_WAIT)
+        slot.kill()
 
     @staticmethod
     def _number(slot: _Slot) -> int:

@@ -1015,6 +1015,7 @@ class Worker:
                     held.gone.update(item.job_id for item, _ in moved)
                     self._moved.extend(moved)
                     self.moved_runs += len(moved)
+                    self._cond.notify_all()  # every idle runner, to run them side by side
                     logger.info("a job has run for %.1fs with %d job(s) of its batch waiting "
                                 "behind it; they run on other threads", now - held.since,
                                 len(moved))
@@ -1147,6 +1148,10 @@ class Worker:
     def _execute_run(self, item: _Queued, run: _Run) -> bool:
         """Run a job whose start is recorded; True if its outcome went to the committer."""
         with self._slots:  # a lookahead runner waits here for a free slot
+            # Again once a slot is ours: the wait can be long (all slots on long jobs),
+            # and nothing else stops a job that is on no slot yet when the session ends.
+            if self._identity_lost(item):
+                return False
             began = time.monotonic()
             outcome = self.runner.run(run.execution)
             took = time.monotonic() - began

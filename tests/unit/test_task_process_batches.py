@@ -412,3 +412,34 @@ def test_a_task_process_ignores_the_group_s_signals_and_what_its_task_starts_not
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         os.kill(pid, signum)
     assert value(runner.run(execution(tasks.pid))) == pid  # the same process, alive
+
+
+def test_a_task_process_worn_out_by_a_held_up_batch_is_still_replaced(tmp_path):
+    """--max-tasks-per-child 1: the batch's task process, which ran the blocked job, is
+    replaced before its next job, also when the jobs behind it were taken back (the
+    take-back returned before the check)."""
+    from zktasks.executor import TAKEN_BACK
+
+    runner = ProcessRunner(2, max_tasks=1)
+    runner.start()
+    try:
+        release = tmp_path / "release"
+        blocker = execution(tasks.record_pid_and_wait, str(tmp_path), str(release))
+        elsewhere = _Elsewhere(runner)
+        outcomes = []
+        thread = threading.Thread(target=lambda: outcomes.extend(runner.run_many(
+            [blocker, execution(tasks.add, 1, 1), execution(tasks.add, 2, 2)],
+            on_taken_back=elsewhere)))
+        thread.start()
+        try:
+            wait_until(lambda: len(elsewhere.outcomes) == 2, 60, "the jobs taken back to run")
+        finally:
+            release.touch()
+            thread.join(60)
+            elsewhere.join()
+        blocked = int((tmp_path / "pid").read_text())
+        assert value(outcomes[0]) == blocked and outcomes[1:] == [TAKEN_BACK] * 2
+        assert sorted(value(o) for o in elsewhere.outcomes.values()) == [2, 4]
+        assert blocked not in {value(runner.run(execution(tasks.pid))) for _ in range(4)}
+    finally:
+        runner.stop()
