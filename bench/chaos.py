@@ -1398,6 +1398,8 @@ def task_kwargs(args) -> dict:
         kwargs["min_ms"], kwargs["max_ms"] = args.job_ms
     if args.stalls:
         kwargs["stall_share"], kwargs["stall_ms"] = args.stalls
+    if getattr(args, "no_fsync", False):
+        kwargs["durable"] = False
     return kwargs
 
 
@@ -1410,6 +1412,8 @@ def _job_mix(args) -> str:
     stalls = getattr(args, "stalls", None)
     if stalls:
         words += f", {stalls[0]:g} of runs stall {stalls[1]:g} ms"
+    if getattr(args, "no_fsync", False):
+        words += ", effects not fsync'd"
     return words
 
 
@@ -1603,6 +1607,10 @@ def parse_args(argv=None):
                         help="a SHARE of the runs sleep MS milliseconds instead (such as "
                              "0.01,800: with --job-ms 0,1, jobs batched behind them are "
                              "taken back and run on other task processes)")
+    parser.add_argument("--no-fsync", action="store_true",
+                        help="the task's side-effect lines are written but not fsync'd "
+                             "(processes are killed, never the machine): with --job-ms "
+                             "0,1 jobs are then short enough for workers to batch them")
     parser.add_argument("--tls", action="store_true",
                         help="workers and submitter speak mutual TLS to the members' "
                              "secureClientPort (a throw-away CA made in the run directory)")

@@ -19,22 +19,25 @@ import time
 from zktasks import zk_task
 
 
-def append_line(path: str, line: str) -> None:
-    """Append one line atomically (O_APPEND, one write) and make it durable (fsync)."""
+def append_line(path: str, line: str, durable: bool = True) -> None:
+    """Append one line atomically (O_APPEND, one write) and make it durable (fsync;
+    `durable=False` for chaos.py --no-fsync: the harness kills processes, never the
+    machine, and what write() took survives a killed process)."""
     data = line.encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         written = os.write(fd, data)
         if written != len(data):
             raise OSError(f"short append to {path}: {written} of {len(data)} bytes")
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
 
 
 @zk_task(takes_context=True)
 def record_side_effect(context, path, seq, min_ms=10, max_ms=200, cooperative=False,
-                       stall_share=0.0, stall_ms=0):
+                       stall_share=0.0, stall_ms=0, durable=True):
     """Record the start, sleep a little (so kills land mid-job), record the effect.
 
     `stall_share` of the runs sleep `stall_ms` instead (chaos.py --stalls): with short
@@ -49,7 +52,7 @@ def record_side_effect(context, path, seq, min_ms=10, max_ms=200, cooperative=Fa
     attempt = context.attempt
     worker_id = result.worker_ids[-1] if result.worker_ids else "?"
     fields = f"{result.id} {seq} {attempt} {worker_id} {os.getppid()} {os.getpid()}"
-    append_line(path, f"S {fields} {time.time():.6f}\n")
+    append_line(path, f"S {fields} {time.time():.6f}\n", durable)
     # Deterministic per (job, attempt): a rerun sleeps its own time.
     draw = random.Random(f"{result.id}/{attempt}")
     pause = draw.uniform(min_ms, max_ms) / 1000
@@ -62,6 +65,6 @@ def record_side_effect(context, path, seq, min_ms=10, max_ms=200, cooperative=Fa
         if cancel_requested():
             raise JobCancelled("asked to stop before the effect")
     done = time.time()
-    append_line(path, f"E {fields} {done:.6f}\n")
+    append_line(path, f"E {fields} {done:.6f}\n", durable)
     return {"job_id": result.id, "seq": seq, "attempt": attempt, "worker_id": worker_id,
             "worker_pid": os.getppid(), "task_pid": os.getpid(), "done_at": done}
