@@ -1012,14 +1012,20 @@ class Worker:
                 if held.rest and now - held.since >= executor.BATCH_PATIENCE_S:
                     moved = list(held.rest)
                     held.rest.clear()
-                    held.gone.update(item.job_id for item, _ in moved)
-                    self._moved.extend(moved)
-                    self.moved_runs += len(moved)
-                    self._cond.notify_all()  # every idle runner, to run them side by side
+                    self._move(moved, held.gone)
                     logger.info("a job has run for %.1fs with %d job(s) of its batch waiting "
                                 "behind it; they run on other threads", now - held.since,
                                 len(moved))
         return bool(self._moved)
+
+    def _move(self, moved: list[tuple[_Queued, _Run]], gone: set[str]) -> None:
+        """Queue jobs taken back from a held-up batch for any runner (caller holds
+        _cond); their ids go in the batch's `gone`, so its runner no longer lets go of
+        them."""
+        gone.update(item.job_id for item, _ in moved)
+        self._moved.extend(moved)
+        self.moved_runs += len(moved)
+        self._cond.notify_all()  # every idle runner, to run them side by side
 
     def _patience_left(self) -> float:
         """How long an idle runner may wait before a held-up batch is due to be taken
@@ -1185,8 +1191,6 @@ class Worker:
                         break
                     item, run = held.rest.popleft()
                     held.since = time.monotonic()
-                if self._identity_lost(item):
-                    continue
                 if self._guarded(item, self._execute_run, item, run, held=True):
                     handed_over.add(item.job_id)
         finally:
@@ -1214,11 +1218,8 @@ class Worker:
         def taken_back(executions) -> None:
             moved = [by_id[execution.job_id] for execution in executions]
             with self._cond:
-                gone.update(item.job_id for item, _ in moved)
                 mine.extend(moved)
-                self._moved.extend(moved)
-                self.moved_runs += len(moved)
-                self._cond.notify_all()
+                self._move(moved, gone)
 
         with self._slots:
             outcomes = self.runner.run_many([run.execution for _, run in runs],
@@ -1268,8 +1269,7 @@ class Worker:
         try:
             if self._stopping.is_set():
                 return  # a forced stop: it stays assigned, RUNNING (at-least-once)
-            if self._identity_lost(item):
-                return
+            # _execute_run runs it only if its identity's session has not ended.
             if self._guarded(item, self._execute_run, item, run, held=True):
                 handed_over.add(item.job_id)
         finally:
