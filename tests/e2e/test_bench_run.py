@@ -9,6 +9,7 @@ did not succeed or never came back) and report it. The full run is `make bench`.
 """
 
 import json
+import os
 
 import pytest
 
@@ -44,3 +45,26 @@ def test_the_bench_refuses_more_submitters_than_jobs():
                     "--submitters", "11", deadline=60)
     assert run.returncode == 2, run.stdout
     assert "--submitters must be between 1 and --jobs" in run.stdout, run.stdout
+
+
+def test_a_finished_scenario_s_tree_is_deleted_whole(zk_hosts, zk_root, zk_client, monkeypatch):
+    # bench/run.py empties ZooKeeper after each row, as the peers' servers are emptied
+    # before theirs: wider levels than one multi, and nodes at several depths.
+    # Importing bench/run.py points DJANGO_SETTINGS_MODULE at the bench's settings:
+    # setting it first makes monkeypatch put the test run's value back afterwards.
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", os.environ["DJANGO_SETTINGS_MODULE"])
+    from bench.run import DELETE_BATCH, Monitor
+
+    wide = DELETE_BATCH * 2 + 7
+    for i in range(wide):
+        zk_client.create(f"{zk_root}/status/j{i:04d}", b"x", makepath=True)
+    for i in range(5):
+        zk_client.create(f"{zk_root}/finished/b{i}/{i}/j{i}", makepath=True)
+    expected = 1 + 1 + wide + 1 + 5 * 3  # root, status, its children, finished, 3 each
+    monitor = Monitor(zk_hosts)
+    try:
+        assert monitor.delete_tree(zk_root) == expected
+        assert monitor.delete_tree(zk_root) == 0  # gone: nothing to list, nothing raised
+    finally:
+        monitor.close()
+    assert zk_client.exists(zk_root) is None
