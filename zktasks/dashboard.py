@@ -1175,11 +1175,13 @@ class LiveState:
             info["assigned"] = len(self.assigned.get(worker_id, ()))
             info["started_at"] = _iso(info.get("started_at"))
             workers.append(info)
-        running: dict[str, int] = {}
+        # Jobs assigned to a live worker: running, or prefetched to run next. The key
+        # "running" is the same count under its first name, kept for scripts that read it.
+        assigned: dict[str, int] = {}
         for ids in self.assigned.values():
             for j in ids:
                 queue = self.assigned_queue.get(j, "?")
-                running[queue] = running.get(queue, 0) + 1
+                assigned[queue] = assigned.get(queue, 0) + 1
         finished_q: dict[str, list[int]] = {}
         succeeded = failed = 0
         for bucket in self.buckets.values():
@@ -1189,10 +1191,10 @@ class LiveState:
                 item = finished_q.setdefault(queue, [0, 0])
                 item[0] += s
                 item[1] += f
-        names = sorted(set(self.pending) | set(self.delayed) | set(running) | set(finished_q))
+        names = sorted(set(self.pending) | set(self.delayed) | set(assigned) | set(finished_q))
         queues = [{
             "name": q, "pending": self.pending.get(q, 0), "delayed": self.delayed.get(q, 0),
-            "running": running.get(q, 0),
+            "assigned": assigned.get(q, 0), "running": assigned.get(q, 0),
             "succeeded": finished_q[q][0] if q in finished_q else None,
             "failed": finished_q[q][1] if q in finished_q else None,
         } for q in names]
@@ -1210,7 +1212,8 @@ class LiveState:
                 "workers": len(workers),
                 "pending": sum(self.pending.values()),
                 "delayed": sum(self.delayed.values()),
-                "running": sum(running.values()),
+                "assigned": sum(assigned.values()),
+                "running": sum(assigned.values()),
                 "succeeded": succeeded,
                 "failed": failed,
                 "dead_letters": self.dead_letters[0],
@@ -1731,7 +1734,7 @@ def with_rate_limits(data: dict, conf) -> dict:
     limits = here if kept is None else kept
     queues = {q["name"]: q for q in data.get("queues", [])}
     for name in (set(limits) | set(here)) - set(queues):
-        queues[name] = {"name": name, "pending": 0, "delayed": 0, "running": 0,
+        queues[name] = {"name": name, "pending": 0, "delayed": 0, "assigned": 0, "running": 0,
                         "succeeded": None, "failed": None}
     rows = []
     for name, q in sorted(queues.items()):

@@ -128,7 +128,7 @@ def test_screenshots_of_the_main_pages(page, live_server, start_worker, backend,
         dash_tasks.echo.using(queue_name="reports", priority=priority).submit(f"report {n}")
 
     page.goto(f"{live_server.url}/admin/zktasks/")
-    expect(page.locator("[data-live='totals.running']")).to_have_text("2")
+    expect(page.locator("[data-live='totals.assigned']")).to_have_text("2")
     expect(page.locator("#zk-failures")).to_contain_text("card declined")
     page.screenshot(path=str(SHOTS / "overview.png"), full_page=True)
 

@@ -591,7 +591,7 @@ def _status_text(data: dict, conf) -> str:
     lines.append("queues:")
     lines += _table(["QUEUE", "PENDING", "DELAYED", "ASSIGNED", "SUCCEEDED", "FAILED",
                      "RATE LIMIT"], [
-        [q["name"], q["pending"], q["delayed"], q["running"],
+        [q["name"], q["pending"], q["delayed"], q["assigned"],
          "-" if q["succeeded"] is None else q["succeeded"],
          "-" if q["failed"] is None else q["failed"], _rate_limit_cell(q)]
         for q in data["queues"]])
@@ -601,7 +601,7 @@ def _status_text(data: dict, conf) -> str:
                      "or processes run with different settings; every process should "
                      "have the same.")
     lines.append(f"totals: {totals['pending']} pending, {totals['delayed']} delayed, "
-                 f"{totals['running']} assigned (running, or held by a worker), "
+                 f"{totals['assigned']} assigned (running, or held by a worker), "
                  f"{totals['succeeded']} succeeded, "
                  f"{totals['failed']} failed, {totals['dead_letters']} dead letter(s)")
     if data["recent_failures"]:
