@@ -135,7 +135,7 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 	@$(VPY) -m pip install --disable-pip-version-check -e '.[test,bench]'
 	@touch $@
 
-bench: venv zookeeper $(BENCH_STAMP) ## Run the benchmarks: zktasks and its peers (BENCH_ARGS=...)
+bench: venv zookeeper $(BENCH_STAMP) ## Benchmarks: zktasks vs its peers, failover, a 1M-job backlog, the targets (BENCH_ARGS=...)
 	@for pkg in redis-server:redis-server postgresql:initdb; do \
 	  bin="$${pkg#*:}"; \
 	  if ! command -v "$$bin" >/dev/null && ! ls /usr/lib/postgresql/*/bin/$$bin >/dev/null 2>&1 \

@@ -51,6 +51,10 @@ START_DEADLINE = 90.0   # seconds for workers to register
 DRAIN_DEADLINE = 300.0  # seconds for a throughput run to finish after the last submit
 WAIT_TIMEOUT = 30.0     # seconds for any single job's result
 DELETE_BATCH = 200      # znodes per multi (and listings in flight) when a tree is deleted
+SCALE_JOBS = 1_000_000  # issue 6: a million pending jobs submitted and drained
+QUICK_SCALE_JOBS = 20_000
+SCALE_GB_PER_MILLION = 8  # ZooKeeper heap a million pending jobs took (bench/README, Scale)
+SCALE_SPARE_GB = 3        # memory left for the workers, the bench and the system
 STOP_DEADLINE = 45.0    # seconds for a worker to drain and exit after SIGTERM (drain 30s)
 POLL = 0.02
 PSS_INTERVAL = 0.5      # seconds between samples of the worker trees' PSS
@@ -697,6 +701,7 @@ class Row:
     server_mb: float | None = None       # PSS of ZooKeeper / Redis / PostgreSQL afterwards
     matrix: bool = False
     submitters: int = 1                  # threads submitting the streaming phase's jobs
+    latency_zk_txns_per_job: float | None = None  # zktasks: one job at a time, idle cluster
 
 
 def record_memory(row: "Row", procs) -> None:
@@ -900,8 +905,9 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path,
               f"{row.e2e_per_s:.0f} jobs/s, {row.zk_requests_per_job:.2f} ZK requests/job",
               flush=True)
 
-        # 3. Latency on an idle cluster.
+        # 3. Latency on an idle cluster (and the write transactions of a job alone).
         latencies, queued, running, notified = [], [], [], []
+        phase = Phase(zk, monitor, procs, sampler)
         for _ in range(args.latency):
             p0 = time.perf_counter()
             handle = driver.submit()
@@ -911,6 +917,7 @@ def run_scenario(sc: Scenario, zk, monitor: Monitor, args, log_dir: Path,
             queued.append(done.started - done.enqueued)
             running.append(done.finished - done.started)
             notified.append(woke - done.finished)
+        row.latency_zk_txns_per_job = round(phase.end(args.latency)["txns"] / args.latency, 2)
         row.latency_samples = len(latencies)
         row.latency_p50_ms = _pct(latencies, 0.50) * 1000
         row.latency_p99_ms = _pct(latencies, 0.99) * 1000
@@ -1377,6 +1384,16 @@ def parse_args(argv=None):
                              "during the backlog and streaming phases; raw stacks to DIR")
     parser.add_argument("--keep-logs", action="store_true",
                         help="keep the temp dir (ZooKeeper data, worker logs) afterwards")
+    parser.add_argument("--failover-trials", type=int, default=None, metavar="N",
+                        help="after the matrix, run bench/failover.py with N trials per "
+                             "scenario (default 5; 2 with --quick; 0 skips it, and so does "
+                             "--only unless this is given)")
+    parser.add_argument("--scale-jobs", type=int, default=None, metavar="N",
+                        help="after the matrix, run bench/scale.py with N pending jobs "
+                             f"(default {SCALE_JOBS:,}; {QUICK_SCALE_JOBS:,} with --quick; "
+                             "0 skips it, and so does --only unless this is given); its "
+                             "ZooKeeper heap is sized from N, and N is lowered to what "
+                             "this machine's free memory holds")
     args = parser.parse_args(argv)
     args.defaults = not args.one_at_a_time
     if args.jobs is None:
@@ -1387,6 +1404,14 @@ def parse_args(argv=None):
         parser.error("--jobs and --latency must be at least 1")
     if not all(1 <= n <= args.jobs for n in args.submitters):
         parser.error("--submitters must be between 1 and --jobs")
+    # The whole benchmark (no --only) also times failover and drains a large backlog,
+    # issue 6's other targets; a partial run does only when asked.
+    if args.failover_trials is None:
+        args.failover_trials = 0 if args.only else (2 if args.quick else 5)
+    if args.scale_jobs is None:
+        args.scale_jobs = 0 if args.only else (QUICK_SCALE_JOBS if args.quick else SCALE_JOBS)
+    if args.failover_trials < 0 or args.scale_jobs < 0:
+        parser.error("--failover-trials and --scale-jobs must be 0 (skip) or more")
     return args
 
 
@@ -1592,14 +1617,10 @@ def main(argv=None) -> int:
 
             for path in sorted(args.profile.glob("*.txt")):
                 report(path, top=12)
-        if args.json:
-            payload = {"machine": info, "jobs": args.jobs, "latency_samples": args.latency,
-                       "submitters": list(args.submitters),
-                       "rows": [asdict(r) for r in rows], "ratios": ratios}
-            Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
-            print(f"\nwrote {args.json}")
+        payload = {"machine": info, "jobs": args.jobs, "latency_samples": args.latency,
+                   "submitters": list(args.submitters),
+                   "rows": [asdict(r) for r in rows], "ratios": ratios}
         ok = True
-        return 0
     except ZooKeeperUnavailable as exc:
         print(f"bench: no ZooKeeper: {exc}", file=sys.stderr)
         return 2
@@ -1648,6 +1669,104 @@ def main(argv=None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print(f"bench: logs and ZooKeeper data kept in {tmp}", file=sys.stderr)
+    # The matrix's servers are gone: failover and scale start their own. The cleanup
+    # above ignored the signals; a harness started so would inherit SIG_IGN (exec keeps
+    # it) and could not be stopped: put the handlers back first.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGHUP, _raise_exit)
+    try:
+        code = finish(args, payload)
+    except (KeyboardInterrupt, SystemExit):
+        print("bench interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+def finish(args, payload: dict) -> int:
+    """Failover and scale (each its own harness and ZooKeeper), the targets table, the
+    JSON; 1 if a harness reported a finding."""
+    from bench import targets
+
+    problems = []
+    extra = Path(tempfile.mkdtemp(prefix="zktasks-bench-extra-"))
+    try:
+        if args.failover_trials:
+            payload["failover"] = run_harness(
+                "failover", [str(REPO / "bench" / "failover.py"), "--trials",
+                             str(args.failover_trials)], extra / "failover.json", problems)
+        if args.scale_jobs:
+            jobs, heap_gb, note = scale_size(args.scale_jobs)
+            if note:
+                print(f"\n-- scale: {note}", flush=True)
+            if jobs:
+                payload["scale"] = run_harness(
+                    "scale", ["-m", "bench.scale", "--jobs", str(jobs), "--heap",
+                              f"{heap_gb}g", "--every", "30"], extra / "scale.json",
+                    problems, out_flag="--out")
+    finally:
+        shutil.rmtree(extra, ignore_errors=True)
+    found = targets.lines(payload["rows"], scale=payload.get("scale"),
+                          failover=payload.get("failover"),
+                          submitters=min(args.submitters))
+    payload["targets"] = [asdict(line) for line in found]
+    print("\nissue 6's targets, figures of this run (no-op jobs, 2 worker processes; "
+          "scale and failover from\ntheir own harnesses after the matrix):")
+    print(targets.format_lines(found))
+    if args.json:
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    for problem in problems:
+        print(f"bench: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def run_harness(name: str, argv: list[str], out: Path, problems: list[str], *,
+                out_flag: str = "--json") -> dict | None:
+    """Run a bench harness in the foreground (its output goes on the bench's); its JSON.
+    Ctrl-C reaches it with the bench (one process group): wait for it to clean up."""
+    command = [sys.executable, *argv, out_flag, str(out)]
+    shown = " ".join(a.removeprefix(f"{REPO}{os.sep}") for a in argv)
+    print(f"\n-- {name}: python {shown}", flush=True)
+    proc = subprocess.Popen(command, cwd=REPO)
+    try:
+        code = proc.wait()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)  # SIGTERM to us: pass it on
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+        raise
+    if code:
+        problems.append(f"{name} harness exited {code} (its output is above)")
+    try:
+        return json.loads(out.read_text())
+    except (OSError, ValueError):
+        problems.append(f"{name} harness wrote no figures")
+        return None
+
+
+def scale_size(jobs: int) -> tuple[int, int, str]:
+    """(jobs, ZooKeeper heap in GB, a note) for a scale run this machine's memory holds:
+    about SCALE_GB_PER_MILLION GB of heap per million pending jobs, plus SCALE_SPARE_GB."""
+    def heap_for(n: int) -> int:
+        return max(1, -(-n * SCALE_GB_PER_MILLION // 1_000_000))
+
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        free_gb = int(re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.M)[1]) / 2**20
+    except (OSError, TypeError):
+        return jobs, heap_for(jobs), ""
+    if heap_for(jobs) + SCALE_SPARE_GB <= free_gb:
+        return jobs, heap_for(jobs), ""
+    fits = int((free_gb - SCALE_SPARE_GB) / SCALE_GB_PER_MILLION * 1_000_000) // 10_000 * 10_000
+    if fits < 10_000:
+        return 0, 0, (f"skipped: {free_gb:.1f} GB of memory free, too little for a "
+                      f"ZooKeeper holding a large backlog; run python -m bench.scale on a "
+                      "machine with more")
+    return fits, heap_for(fits), (f"{jobs:,} pending jobs need about {heap_for(jobs)} GB "
+                                  f"of ZooKeeper heap and {free_gb:.1f} GB is free: "
+                                  f"{fits:,} jobs instead")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The peer benchmark's own harness, one small zktasks row: it runs to the end and writes
 its figures, once with the streaming phase's jobs submitted by one loop and once from
-several threads at once (a --submitters sweep).
+several threads at once (a --submitters sweep), then runs the failover and scale harnesses
+at their smallest and ends with issue 6's targets table.
 
 bench/run.py runs as a subprocess (its own ZooKeeper and workers) with 60 jobs a row, without
 the peers (they need Redis and PostgreSQL and the `bench` extra). No timing is asserted:
@@ -17,13 +18,17 @@ from tests.e2e.harness import run_bench
 
 pytestmark = pytest.mark.e2e
 
-DEADLINE = 300  # seconds; the run takes ~30 s on a loaded 2-CPU machine
+DEADLINE = 400  # seconds; the run takes ~75 s on a loaded 2-CPU machine
 
 
-def test_the_bench_runs_a_zktasks_row_per_count_of_concurrent_submitters(tmp_path):
+def test_the_bench_runs_a_row_per_count_of_submitters_then_failover_scale_and_targets(
+        tmp_path):
     report = tmp_path / "bench.json"
+    # A full run (no --only) times failover and drains a large backlog by default; asked
+    # for here, at their smallest.
     run = run_bench("run.py", "--only", "zktasks-noop-2w", "--jobs", "60", "--latency", "3",
-                    "--submitters", "1,4", "--json", str(report), deadline=DEADLINE)
+                    "--submitters", "1,4", "--failover-trials", "1", "--scale-jobs", "2000",
+                    "--json", str(report), deadline=DEADLINE)
     assert run.returncode == 0, run.stdout[-12000:]
     assert "submitters: 1, 4 threads in the streaming phase" in run.stdout, run.stdout[-4000:]
     assert "== 4 submitter thread(s)" in run.stdout, run.stdout[-4000:]
@@ -38,6 +43,21 @@ def test_the_bench_runs_a_zktasks_row_per_count_of_concurrent_submitters(tmp_pat
         assert row["submit_idle_per_s"] > 0 and row["submit_per_s"] > 0, row
         assert row["e2e_per_s"] > 0 and row["latency_samples"] == 3, row
         assert row["zk_txns_per_job"] > 0, row
+        # A job alone on an idle cluster was counted: submit, assign, start, finish.
+        assert row["latency_zk_txns_per_job"] >= 3, row
+
+    assert "-- failover: python bench/failover.py --trials 1" in run.stdout, run.stdout[-4000:]
+    assert "-- scale: python -m bench.scale --jobs 2000 --heap 1g" in run.stdout, \
+        run.stdout[-4000:]
+    assert "issue 6's targets, figures of this run" in run.stdout, run.stdout[-4000:]
+    assert result["scale"]["jobs"] == 2000 and result["scale"]["never_ran"] == 0
+    assert result["failover"]["trials"] == 1 and result["failover"]["summary"]
+    verdicts = {t["target"]: t["verdict"] for t in result["targets"]}
+    # No peer ran: what needs one says so instead of a verdict.
+    assert verdicts["e2e >= 1.5x celery (no-op, 2 workers)"].startswith("not run")
+    assert verdicts["1,000,000 pending jobs: none lost or twice, leader <= 500 MB"] == \
+        "met at 2,000 jobs only"
+    assert verdicts["graceful drain: 0 jobs repeated"] == "met"
 
 
 def test_the_bench_refuses_more_submitters_than_jobs():
@@ -68,3 +88,4 @@ def test_a_finished_scenario_s_tree_is_deleted_whole(zk_hosts, zk_root, zk_clien
     finally:
         monitor.close()
     assert zk_client.exists(zk_root) is None
+
