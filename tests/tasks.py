@@ -645,3 +645,35 @@ def terminates_what_it_started():
         forked.join()
         return [ended, "ignored"]
     return [ended, forked.exitcode]
+
+
+@zk_task(takes_context=True)
+def quick_unless_armed(context, directory):
+    """Returns at once, except on a first attempt while `directory/armed` exists: then it
+    notes `directory/began` and waits (up to a minute) for `directory/release`. Quick
+    runs first make it a short task to the worker; the armed run is then one the worker
+    began without its RUNNING write."""
+    path = Path(directory)
+    if context.attempt > 1 or not (path / "armed").exists():
+        return context.attempt
+    (path / "began").touch()
+    deadline = time.monotonic() + 60
+    while not (path / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return context.attempt
+
+
+@zk_task
+def kills_its_worker_when_armed(directory):
+    """Returns at once, unless `directory/armed` exists: then it removes that file, notes
+    `directory/killed` and SIGKILLs its own process (the worker itself, on the thread
+    pool) mid-run."""
+    import signal
+
+    try:
+        Path(directory, "armed").unlink()
+    except FileNotFoundError:
+        return "ok"
+    Path(directory, "killed").touch()
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"

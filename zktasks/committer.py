@@ -6,7 +6,9 @@ their writes to one committer thread:
 
 * A start is written at once, and the runner waits for it: a job never runs before its
   attempt is recorded (so `attempts` counts every run, and nothing starts while
-  ZooKeeper is out of reach).
+  ZooKeeper is out of reach). The exception is a short job the worker holds alone
+  (`begin_unrecorded`, worker.UNRECORDED_START_MAX_S): its outcome records the attempt,
+  and should the worker die, the leader counts it.
 * An outcome is not waited for: the runner takes its next job while it is written. When
   the runner has a next job, the outcome lingers until that job's start comes, so one
   multi records the end of one job and the start of the next; under a backlog the writes
@@ -42,6 +44,10 @@ from .store import LANDED, Store, failures
 logger = logging.getLogger(__name__)
 
 LINGER = 0.005             # seconds an outcome may wait for the next start to share a multi
+# A job begun without its RUNNING write (begin_unrecorded) that is still running this
+# long after has it written then: a task that ran short so far and now runs long shows
+# RUNNING after a tenth of a second, not READY to its end.
+LATE_START = 0.1
 MAX_BATCH_BYTES = 512_000  # well under jute.maxbuffer (1 MB) for the whole request
 MAX_BATCH_JOBS = 200
 # begin() queues a start without waking the committer thread (its runner writes it in
@@ -63,6 +69,8 @@ class Commit:
     final: StatusRecord | None = None
     finished: bool = False             # its outcome is settled (written or dropped)
     requeue: bool = False
+    unrecorded: bool = False           # runs without its RUNNING write (begin_unrecorded)
+    late_start: bytes | None = None    # ... the RUNNING record, written if it runs long
     on_done: Callable[[bool], None] | None = None
     _final_ops: tuple | None = field(default=None, repr=False)
 
@@ -88,6 +96,8 @@ class Committer:
         self.layout = store.layout
         self._cond = threading.Condition()
         self._waiting: dict[int, Commit] = {}  # insertion-ordered; keyed by id(commit)
+        # Jobs begun unrecorded, still running: their RUNNING is due LATE_START after.
+        self._unrecorded: dict[int, Commit] = {}
         self._busy = False
         self._closing = False
         self._abandoned = False
@@ -108,6 +118,22 @@ class Committer:
             self._waiting[id(commit)] = commit
             # No wake-up: the runner writes it in wait_started() if the committer is
             # idle; a writer that is busy (thread or runner) has it taken next.
+        return commit
+
+    def begin_unrecorded(self, worker_id: str, job_id: str, running: bytes,
+                         version: int) -> Commit:
+        """The handle of a job that runs without its RUNNING write (the worker's
+        _unrecorded_start): started already; its outcome, written at `version` (the
+        one read), records the attempt. Should it still run LATE_START from now, its
+        RUNNING record is written then after all (fenced as any start), and the
+        outcome after it."""
+        commit = Commit(worker_id, job_id, version, unrecorded=True, late_start=running,
+                        due=time.monotonic() + LATE_START)
+        commit.started.set()
+        with self._cond:
+            self._unrecorded[id(commit)] = commit
+            if LATE_START <= 0:
+                self._cond.notify()  # due now (tests set it so); else its TICK will do
         return commit
 
     def wait_started(self, commit: Commit, timeout: float | None = None, *,
@@ -154,6 +180,13 @@ class Committer:
             commit._final_ops = ops
             commit.final, commit.requeue, commit.on_done = final, requeue, on_done
             commit.due = time.monotonic() + (LINGER if linger else 0.0)
+            if self._unrecorded.pop(id(commit), None) is None and commit.start is not None:
+                # Its late RUNNING write is queued or on its way. Queued: the outcome
+                # goes instead. On its way: the outcome follows once it is settled
+                # (_settle queues it), at the version that write leaves.
+                if id(commit) not in self._waiting:
+                    return
+                commit.start = None
             self._waiting[id(commit)] = commit
             self._cond.notify()
 
@@ -270,14 +303,21 @@ class Committer:
         return True
 
     def _wait_time(self) -> float:
-        if not self._waiting:
+        dues = [c.due for c in self._waiting.values()]
+        dues += [c.due for c in self._unrecorded.values()]
+        if not dues:
             return TICK
-        return max(0.0, min(c.due for c in self._waiting.values()) - time.monotonic())
+        return max(0.0, min(dues) - time.monotonic())
 
     def _take(self) -> list[_Op]:
         """Under the lock: if anything is due, snapshot everything waiting (up to the
         batch limits): writes that are not due yet ride along for free."""
         now = time.monotonic()
+        for key, commit in list(self._unrecorded.items()):
+            if commit.due <= now:  # still running: its RUNNING is written after all
+                del self._unrecorded[key]
+                commit.start = commit.late_start
+                self._waiting[key] = commit
         if not self._closing and not any(c.due <= now for c in self._waiting.values()):
             return []
         ops: list[_Op] = []
@@ -406,6 +446,11 @@ class Committer:
                     c.refused = True
                     logger.info("start refused job=%s worker=%s errors=%s", c.job_id,
                                 c.worker_id, reason)
+                if c.final is not None and not c.finished:
+                    # A late RUNNING write (begin_unrecorded), and the job ended while
+                    # it was on its way: its outcome now, at the version it left.
+                    self._waiting[id(c)] = c
+                    self._cond.notify()
             c.started.set()
             return
         c.finished = True

@@ -102,6 +102,21 @@ def _worker_fields(data) -> tuple[frozenset[str], int, int, bool]:
             bool(data.get("draining")))
 
 
+def _oldest(held: dict[str, tuple]) -> str | None:
+    """The job of a vanished worker's assignments made first (lowest czxid), or None
+    when there is none or several share that transaction (one assign multi): the one
+    job that worker may have run without a RUNNING record (worker._unrecorded_start
+    runs a job so only while it is the worker's one assignment, and every assignment
+    made after it is newer). Two made in one multi were both listed at once, so
+    neither ran that way."""
+    if not held:
+        return None
+    czxids = sorted((stat.czxid, job_id) for job_id, (_, stat) in held.items())
+    if len(czxids) > 1 and czxids[0][0] == czxids[1][0]:
+        return None
+    return czxids[0][1]
+
+
 class LeadershipLost(Exception):
     """Our election znode is gone: stop acting as leader at once."""
 
@@ -926,19 +941,32 @@ class Leader:
             if jobs:
                 logger.warning("worker vanished worker=%s jobs=%d: handing its jobs back",
                                owner, len(jobs))
-            for job_id in jobs:
-                self._requeue(owner, job_id)
+            held = self._read_held(owner, jobs)
+            oldest = _oldest(held)
+            # The oldest last: should this term end half-way, the next leader still
+            # finds it the oldest of what is left, and counts it as this one would have.
+            for job_id in sorted(held, key=lambda j: j == oldest):
+                self._requeue(owner, job_id, held[job_id], held_alone=job_id == oldest)
             try:
                 self.client.delete(parent)
             except (NoNodeError, NotEmptyError):
                 pass
 
-    def _requeue(self, owner: str, job_id: str) -> None:
+    def _read_held(self, owner: str, jobs: list[str]) -> dict[str, tuple]:
+        """{job id: (bytes, stat)} of a vanished worker's assignments still there."""
+        held = {}
+        for job_id in jobs:
+            try:
+                held[job_id] = self.client.get(self.layout.assignment(owner, job_id))
+            except NoNodeError:
+                pass
+        return held
+
+    def _requeue(self, owner: str, job_id: str, got: tuple, *, held_alone: bool) -> None:
+        """Hand back one job of a vanished worker; `got`: its assignment's (bytes,
+        stat); `held_alone`: it is the oldest of them (Store.requeue)."""
         path = self.layout.assignment(owner, job_id)
-        try:
-            raw, stat = self.client.get(path)
-        except NoNodeError:
-            return
+        raw, stat = got
         try:
             info = records.loads(raw, path=path)
             queue, node = str(info["queue"]), str(info["node"])
@@ -970,7 +998,8 @@ class Leader:
                                  reason=f"Job {job_id} of vanished worker {owner!r} has no "
                                         "status record.")
                 return
-        results, final = self.store.requeue(self.fence, owner, job_id, queue, node, status)
+        results, final = self.store.requeue(self.fence, owner, job_id, queue, node, status,
+                                            held_alone=held_alone)
         failed = failures(results)
         if failed:
             self._raise_if_fence(failed)

@@ -1137,7 +1137,8 @@ class Store:
         return self.with_shards(build, waiting)
 
     def requeue(self, fence: str, worker_id: str, job_id: str, queue: str, node: str,
-                status: Versioned | None) -> tuple[list, StatusRecord | None]:
+                status: Versioned | None, *, held_alone: bool = False,
+                ) -> tuple[list, StatusRecord | None]:
         """Hand a dead worker's job back to pending, noting the lost attempt; return the
         multi's results and, if the job was failed instead, its FAILED record.
 
@@ -1145,17 +1146,33 @@ class Store:
         MAX_WORKER_LOSSES of those it is failed instead of handed back: a job that kills
         whole workers (not just its task process) must not take the cluster down in a
         loop. `retry()` (or the dashboard) can send it back on purpose.
+
+        `held_alone`: the job is the oldest assignment the worker left, the one it may
+        have begun without writing RUNNING (worker.UNRECORDED_START_MAX_S). A READY
+        one is then counted as an attempt of that worker, lost with it.
         """
         lost_record = None
         final = False
-        if status is not None and status.record.state == records.RUNNING:
+        unrecorded = (held_alone and status is not None
+                      and status.record.state == records.READY)
+        if status is not None and (status.record.state == records.RUNNING or unrecorded):
             from .exceptions import WorkerLost
 
             record = status.record
+            if unrecorded:
+                now = records.now()
+                record = record.evolve(attempts=record.attempts + 1,
+                                       worker_ids=record.worker_ids + (worker_id,),
+                                       started_at=record.started_at or now,
+                                       last_attempted_at=now, retry_at=None)
             losses = 1 + sum(e.exception_class_path == WORKER_LOST for e in record.errors)
             final = losses >= MAX_WORKER_LOSSES
             lost = WorkerLost(
-                f"Worker {worker_id!r} vanished while running attempt {record.attempts}; "
+                (f"Worker {worker_id!r} vanished while it held this job alone, as "
+                 f"attempt {record.attempts} (a short job held alone runs without a "
+                 "RUNNING record, so that attempt may not have begun); "
+                 if unrecorded else
+                 f"Worker {worker_id!r} vanished while running attempt {record.attempts}; ")
                 + (f"that is {losses} lost workers, so the job is failed, not run again "
                    "(retry it once the cause is fixed)." if final else
                    "the job was handed back to be run again.")

@@ -82,6 +82,16 @@ LOOKAHEAD_MAX_S = 0.05
 # means; write transactions per job 0.35-0.51 -> 0.26-0.28); 32 gained nothing more.
 MAX_STARTS = BATCH_MAX  # a batch goes to one task process in one message (run_many)
 BATCH_SPAN_S = 0.004
+# A short job a worker holds alone (no other assignment of it in ZooKeeper, nothing else
+# running) runs without its RUNNING write: at low load a job then costs three write
+# transactions (submit, assign, outcome), not four, and a round trip less of latency.
+# Its attempt is still counted should the worker die: the leader counts one for the
+# oldest assignment of a vanished worker (Store.requeue's `held_alone`), which is the
+# one job such a worker may have begun unrecorded (see _unrecorded_start). Only for
+# tasks whose recent runs averaged at most this long: a longer job shows RUNNING while
+# it runs, as before, and one that runs long this time has its RUNNING written after
+# committer.LATE_START (0.1 s).
+UNRECORDED_START_MAX_S = LOOKAHEAD_MAX_S
 TASK_AVERAGES_MAX = 1000  # tasks whose run times a worker keeps
 # Seconds between whole listings of a worker's assignments when a persistent watch tells
 # it every change (idle moments only): the leader's RECONCILE_EVERY, for the worker.
@@ -170,6 +180,11 @@ class Worker:
         self._cond = threading.Condition()
         self._ready: list[_Queued] = []
         self._known: set[str] = set()       # assigned to the current identity, not finished
+        # Our assignments as ZooKeeper last showed them (the whole list, then the watch's
+        # events, less those our own outcomes deleted), read or not: a job runs without
+        # its start written only when it is the one assignment here (_unrecorded_start).
+        self._listed: set[str] = set()
+        self.unrecorded_starts = 0          # jobs so run
         # Jobs with a cancel request, as last listed: one may reach us after it was asked
         # for (its worker died before it could act, and the leader handed the job back).
         self._cancels: frozenset[str] = frozenset()
@@ -671,6 +686,7 @@ class Worker:
         with self._cond:
             self._ready.clear()
             self._known.clear()
+            self._listed.clear()
         with self._changes_lock:
             self._finishing.clear()
             self._reassigned.clear()
@@ -740,6 +756,9 @@ class Worker:
         with self._cond:
             if absent is None:  # the whole list: what is not in it was taken back
                 absent = self._known - present
+                self._listed = set(present)
+            else:
+                self._listed = (self._listed | present) - absent
             taken_back = (absent & self._known) - set(self._running)
             if taken_back:
                 self._ready = [q for q in self._ready if q.job_id not in taken_back]
@@ -1139,10 +1158,47 @@ class Worker:
             retry_at=None,  # its backoff is over; a job handed back later is due at once
         ).fit(self.options.max_record_bytes)  # its errors and workers grow each attempt
         running_bytes = running.to_bytes()  # kept from fit(): encoded once
+        if self._unrecorded_start(item):
+            # Not written: its outcome records the attempt (committer.begin_unrecorded).
+            self.unrecorded_starts += 1
+            return blob, running, running_bytes, self.committer.begin_unrecorded(
+                worker_id, job_id, running_bytes, version)
         # Recorded (fenced by our assignment) before the job runs, in a multi shared with
         # other jobs' writes (committer.py).
         commit = self.committer.begin(worker_id, job_id, running_bytes, version)
         return blob, running, running_bytes, commit
+
+    def _unrecorded_start(self, item: _Queued) -> bool:
+        """Whether a job may run without its RUNNING write (see UNRECORDED_START_MAX_S).
+
+        The start write does three things, and here each holds without it:
+
+        * It counts the attempt, should the worker die mid-run. The leader counts one
+          for the oldest assignment of a vanished worker that shows no start
+          (Store.requeue's `held_alone`). A job runs unrecorded only when it is our one
+          assignment in ZooKeeper as last seen: any assignment made since is newer, so
+          the job stays the oldest for as long as it runs, and it is counted.
+        * It fences the run by our assignment. Ours until our session ends (the leader
+          takes back only a vanished worker's jobs; a cancel reaches us by its own
+          watch), and the session is alive while kazoo is connected: kazoo gives up on a
+          silent server after two thirds of the session timeout, the server on us after
+          all of it. A session that ended meanwhile is seen as _session_ended (kazoo
+          reports LOST before anything of the next session).
+        * It keeps jobs from starting while ZooKeeper is out of reach: so does the
+          `connected` check.
+
+        The price, said in the README: a worker that dies holding one job it had not
+        begun yet has that job's attempt counted all the same.
+        """
+        average = self._task_avg.get(item.found.record.task)
+        if average is None or average > UNRECORDED_START_MAX_S:
+            return False  # a long job shows RUNNING while it runs
+        if item.worker_id != self.worker_id or self._session_ended \
+                or not self.client.connected:
+            return False
+        with self._cond:
+            return (self._listed == {item.job_id} and self._running.keys() == {item.job_id}
+                    and not self._moved and not self._held and not self._paused)
 
     def _execute(self, item: _Queued, begun) -> bool:
         """Run a job whose start was handed to the committer; True if its outcome was."""
@@ -1294,8 +1350,10 @@ class Worker:
             logger.warning("job not started: worker=%s lost its session as its start "
                            "was recorded job=%s; it will be handed back", worker_id, job_id)
             return None
-        logger.info("job started job=%s task=%s attempt=%d worker=%s", job_id, running.task,
-                    running.attempts, worker_id)
+        # start=unwritten: held alone and short, it runs without its RUNNING write
+        # (_unrecorded_start); its outcome records the attempt.
+        logger.info("job started job=%s task=%s attempt=%d worker=%s%s", job_id, running.task,
+                    running.attempts, worker_id, " start=unwritten" if commit.unrecorded else "")
         call = None
         if self._wants(task_started) or self._wants(task_finished):
             call = self._signal_call(blob, running)
@@ -1370,11 +1428,18 @@ class Worker:
                   call) -> None:
         """The committer settled a job's outcome (on its thread): log, signal, forget."""
         with self._cond:
+            # Forgotten first: an assignment of it made again from here on is read as
+            # new. _changes_lock inside _cond here only (nowhere the other way round).
             self._forget(item)
-        with self._changes_lock:
-            self._finishing.discard(item.job_id)
-            reassigned = item.job_id in self._reassigned
-            self._reassigned.discard(item.job_id)
+            with self._changes_lock:
+                self._finishing.discard(item.job_id)
+                reassigned = item.job_id in self._reassigned
+                self._reassigned.discard(item.job_id)
+            if ok and not reassigned and item.worker_id == self.worker_id:
+                # Our multi deleted the assignment, and the watch does not report our
+                # own deletions; an event of its assignment made again comes after this
+                # (under _cond). Made again already, it stays until the whole list.
+                self._listed.discard(item.job_id)
         if reassigned:
             self._relist = True  # now that it is forgotten, the list shows it as new
             self._events.put(("assignments", None))

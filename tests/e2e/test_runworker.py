@@ -1,6 +1,7 @@
 """Real `manage.py runworker` processes, real signals, a real ZooKeeper."""
 
 import os
+import re
 import signal
 
 import pytest
@@ -55,6 +56,46 @@ def test_job_of_a_sigkilled_worker_completes_elsewhere(backend, runworker, zk_cl
     assert result.return_value == "done"
     assert result.worker_ids[0] == victim_id and len(result.worker_ids) == 2
     assert result.errors[0].exception_class_path == "zktasks.exceptions.WorkerLost"
+
+
+def test_a_job_begun_unrecorded_by_a_sigkilled_worker_counts_its_attempt(
+        backend, runworker, zk_client, tmp_path):
+    """A short job its worker held alone runs without a RUNNING record; its task kills
+    that worker (SIGKILL, thread pool) mid-run. The next leader counts the attempt, so
+    the rerun is attempt 2 and the loss is in the job's errors, as for a recorded run."""
+    victim = runworker("--pool", "thread", "--concurrency", "1", name="victim")
+    wait_registered(zk_client, backend, 1)
+    victim_id = zk_client.get_children(backend.store.layout.workers)[0]
+    directory = str(tmp_path)
+    for _ in range(30):  # until the worker takes the task for a short one
+        quick = tasks.kills_its_worker_when_armed.submit(directory)
+        assert quick.wait(timeout=60).return_value == "ok"
+        # Logged once the worker has let go of the job (its outcome written): the next
+        # job is then the worker's one assignment.
+        wait_until(lambda q=quick: f"job succeeded job={q.id}" in victim.log_path.read_text(), 60,
+                   "the victim to log the job's outcome")
+        if re.search(f"job started job={quick.id} .* start=unwritten",
+                     victim.log_path.read_text()):
+            break
+    else:
+        pytest.fail("the victim never ran the quick task without its RUNNING write")
+    (tmp_path / "armed").touch()
+    job = tasks.kills_its_worker_when_armed.submit(directory)
+    assert victim.wait(60) == -signal.SIGKILL
+    assert (tmp_path / "killed").exists()
+    # Most often the run left no record (READY, attempt 0); had it lasted past
+    # committer.LATE_START, its RUNNING was written after all. Counted either way (the
+    # unrecorded case alone: tests/integration/test_unrecorded_starts.py).
+    status = backend.store.read_status(job.id).record
+    assert (status.state, status.attempts) in (("READY", 0), ("RUNNING", 1))
+    runworker("--concurrency", "1", name="survivor")
+    result = job.wait(timeout=60)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == "ok"
+    assert result.attempts == 2
+    assert result.worker_ids[0] == victim_id and len(result.worker_ids) == 2
+    assert [e.exception_class_path for e in result.errors] == [
+        "zktasks.exceptions.WorkerLost"]
 
 
 def test_sigkilled_leader_is_replaced(backend, runworker, zk_client):

@@ -165,6 +165,10 @@ def test_a_retried_cancelled_job_runs_again(backend, start_worker, zk_client, tm
     assert backend.retry(job.id) is True
     assert not zk_client.exists(backend.store.layout.cancel_request(job.id))
     wait_until(marker.exists, 30, "the retried attempt to start")
+    # Its first run was short: this one may begin without its RUNNING write, which then
+    # comes committer.LATE_START later.
+    wait_for_data(zk_client, backend.store.layout.status(job.id),
+                  lambda d: d["state"] == "RUNNING")
     job.refresh()
     assert job.status == TaskResultStatus.RUNNING and job.attempts == 2
     assert job.cancel() is False  # and it can be cancelled again
