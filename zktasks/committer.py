@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kazoo.exceptions import KazooException
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from . import records
 from .exceptions import ZooKeeperUnavailableError
@@ -342,15 +342,26 @@ class Committer:
         data, creates, deletes = commit._final_ops
         return _Op(commit, "finish", data, commit.version, creates, deletes)
 
-    def _final_ops(self, final: StatusRecord, requeue: bool) -> tuple:
-        """(record bytes, (path, data) to create, paths to delete) of an outcome."""
+    def _final_ops(self, final: StatusRecord, requeue: bool, *,
+                   bucket_in_multi: bool = True) -> tuple:
+        """(record bytes, (path, data) to create, paths to delete) of an outcome.
+
+        The finished index's bucket for the outcome's second, when missing, is created
+        by the same multi, ahead of the entry (Store.index_entry); with
+        `bucket_in_multi` False it is made apart first (Store.index_path), as when the
+        multi met NoNode on it (its parent bucket missing, or expired meanwhile)."""
         creates = []
         if requeue:
             creates.append((self.store.waiting_path(final),
                             records.dumps({"id": final.id, "task": final.task})))
         deletes = []
         if final.is_finished:
-            creates.append((self.store.index_path(final), b""))
+            if bucket_in_multi:
+                entry, buckets = self.store.index_entry(final)
+                creates.extend((bucket, b"") for bucket in buckets)
+            else:
+                entry = self.store.index_path(final)
+            creates.append((entry, b""))
             deletes.extend(self.store.cleanup_paths(final))
         return final.to_bytes(), tuple(creates), tuple(deletes)
 
@@ -397,8 +408,15 @@ class Committer:
         if len(ops) == 1:
             op, failed = ops[0], failures(results)
             if op.kind == "finish" and not again and self._bucket_gone(op, failed):
-                # Its finished-index bucket expired or was purged since we made it:
-                # make it again (index_path does) and try once more.
+                # Its finished-index bucket expired or was purged since we made it, or
+                # its parent is missing: make it apart (index_path) and try once more.
+                op.commit._final_ops = self._final_ops(op.commit.final, op.commit.requeue,
+                                                       bucket_in_multi=False)
+                self._flush([self._op(op.commit)], again=True)
+                return
+            if op.kind == "finish" and not again and self._bucket_made_meanwhile(op, failed):
+                # Another worker made the bucket since our read: it is noted as made
+                # here, so the multi goes again without creating it.
                 op.commit._final_ops = self._final_ops(op.commit.final, op.commit.requeue)
                 self._flush([self._op(op.commit)], again=True)
                 return
@@ -407,10 +425,27 @@ class Committer:
         for op in ops:  # find the stale job: one multi each
             self._flush([op])
 
+    def _index_creates(self, op: _Op) -> list[str]:
+        """The finished-index paths an outcome creates: [[parent,] bucket,] entry."""
+        return [path for path, _ in op.creates if path.startswith(self.layout.finished + "/")]
+
     def _bucket_gone(self, op: _Op, failed) -> bool:
-        index = next((path for path, _ in op.creates
-                      if path.startswith(self.layout.finished + "/")), None)
-        return self.store.forget_bucket_if_gone(index, failed)
+        """Whether an outcome that creates an index entry met NoNode: its bucket may be
+        missing (expired, purged, or to be made by a multi of ours that failed or has
+        not gone yet). Then it is forgotten, to be made apart (index_path) for one more
+        try. Asking exists() here instead, as Store.forget_bucket_if_gone does, was
+        wrong once buckets ride in multis: another worker could make it in between, and
+        the outcome was dropped. A NoNode of another op (the assignment taken back)
+        costs that one more try."""
+        index = self._index_creates(op)
+        if not index or not any(isinstance(exc, NoNodeError) for _, exc in failed):
+            return False
+        self.store.forget_bucket(index[-1])
+        return True
+
+    def _bucket_made_meanwhile(self, op: _Op, failed) -> bool:
+        return len(self._index_creates(op)) >= 2 and any(
+            isinstance(exc, NodeExistsError) for _, exc in failed)
 
     def _resolve(self, ops: list[_Op], first_status: str, first_data: bytes) -> None:
         """After an error the batch may or may not have landed (rule 4): read, then

@@ -101,6 +101,10 @@ class Store:
         self.layout = Layout(options.root)
         self._queues_made: set[str] = set()
         self._buckets_made: set[str] = set()
+        # Shards (pending or delayed) seen to exist: a multi into one of them goes as it
+        # is; one into any other first asks exists() (a read) and creates it in the
+        # same multi when missing (with_shards).
+        self._shards_seen: set[str] = set()
         self._skeleton_made = False
         self._multi_read: bool | None = None  # whether the server answers multiRead
         self._multi_read_probe = None  # the multiRead asking it, until answered
@@ -182,13 +186,21 @@ class Store:
 
     def with_shards(self, build: Callable, waiting: Iterable[str] = (), *,
                     send: Callable | None = None):
-        """Send the multi `build(txn)` fills; when it creates a pending or delayed job
-        whose shard is missing, make the shard and send it again.
+        """Send the multi `build(txn)` fills, making the shards of the pending or delayed
+        jobs it creates (`waiting`) when they are missing; return its results.
 
-        Shards are made lazily (a submitter does not pay an exists() per job) and deleted
-        by the leader once empty, so a job create can meet NoNode: the multi then wrote
-        nothing, the shards are made (NodeExists is fine: another submitter made it
-        meanwhile) and the multi is sent again. If the leader deletes a shard again in
+        A shard is a second (a minute for delayed jobs): at low load nearly every job
+        goes to a new one. So a shard this store has not seen is first asked for with
+        exists(), a read, and created in the same multi when missing: one transaction.
+        Sent blind into a missing shard, the multi failed (a transaction too), then the
+        shard was created and the multi sent again: three, and three round trips
+        (measured with one job a second: 7.1 write transactions per job, against 3 for
+        the job's own three steps).
+
+        Shards are deleted by the leader once empty, so a job create can still meet
+        NoNode (a shard seen before, deleted since; a queue that is new): the multi then
+        wrote nothing, the shards are made (NodeExists is fine: another submitter made
+        it meanwhile) and the multi is sent again. If the leader deletes a shard again in
         between, we go round again. The op that failed decides: a NoNode on any other
         path (an assignment taken back, a record purged) is the caller's to explain, and
         is returned at once. `send(build)` commits (default: one plain multi).
@@ -196,29 +208,67 @@ class Store:
         send = send or self._commit_raw
         waiting = set(waiting)
         paths: list[str] = []
+        making = self._missing_shards(waiting) if waiting else []
 
         def recording(txn):
+            for shard in making:
+                txn.create(shard, b"")
             build(txn)
             paths[:] = [op.path for op in txn.operations]
 
         for _ in range(SHARD_ROUNDS):
             results = send(recording)
+            made, making = len(making), []  # made in the first multi only
+            if made and results is not LANDED:
+                failed = failures(results)
+                if failed and failed[0][0] < made:
+                    # Made meanwhile by someone else (NodeExists), or a new queue's
+                    # parent is missing (NoNode): the multi wrote nothing; make them
+                    # apart and send it again as it is.
+                    self.make_shards(waiting)
+                    continue
+                results = results[made:]  # the caller's ops' results, as it indexes them
+            if results is LANDED or not failures(results):
+                self._seen_shards(self._shards_of(waiting))
+                return results
             failed = failures(results)
-            if not (waiting and failed and isinstance(failed[0][1], NoNodeError)
-                    and paths[failed[0][0]] in waiting
+            if not (waiting and isinstance(failed[0][1], NoNodeError)
+                    and paths[failed[0][0] + made] in waiting
                     and self.make_shards(waiting)):
                 return results
         return results
+
+    def _shards_of(self, paths: Iterable[str]) -> set[str]:
+        """The shards of pending-job and delayed-job paths (base/{queue|minute}/{shard}/
+        {job}); other paths have none."""
+        wanted = set()
+        for base in (self.layout.jobs, self.layout.delayed):
+            depth = base.count("/") + 3
+            wanted |= {p.rsplit("/", 1)[0] for p in paths
+                       if p.startswith(base + "/") and p.count("/") == depth}
+        return wanted
+
+    def _missing_shards(self, waiting: set[str]) -> list[str]:
+        """Of the shards of `waiting` not seen yet, those that do not exist (a read each;
+        one a second per submitting process, at most)."""
+        missing = []
+        for shard in sorted(self._shards_of(waiting) - self._shards_seen):
+            if self.retry(self.client.exists, shard) is None:
+                missing.append(shard)
+            else:
+                self._seen_shards([shard])
+        return missing
+
+    def _seen_shards(self, shards: Iterable[str]) -> None:
+        self._shards_seen.update(shards)
+        if len(self._shards_seen) > 64:  # shards only move on: keep the cache small
+            self._shards_seen = set(shards)
 
     def make_shards(self, paths: Iterable[str]) -> bool:
         """Make the shards of pending-job and delayed-job paths (with their queue or due
         minute); True if the paths have shards and each is there now (made by us or by
         someone else)."""
-        wanted = set()
-        for base in (self.layout.jobs, self.layout.delayed):
-            depth = base.count("/") + 3  # base/{queue|minute}/{shard}/{job}
-            wanted |= {p.rsplit("/", 1)[0] for p in paths
-                       if p.startswith(base + "/") and p.count("/") == depth}
+        wanted = self._shards_of(paths)
         for shard in sorted(wanted):
             for _ in range(SHARD_ROUNDS):
                 try:
@@ -802,11 +852,47 @@ class Store:
             # One create when the bucket exists (kazoo's ensure_path makes the parent
             # only on NoNode); a worker makes each second at most once.
             self.retry(self.client.ensure_path, self.layout.finished_bucket(leaf))
-            self._buckets_made.add(leaf)
-            if len(self._buckets_made) > 64:  # keep the cache small: leaves only grow
-                self._buckets_made = {leaf}
+            self._note_bucket(leaf)
         return self.layout.finished_entry(
             leaf, finished_entry(record.id, record.state, record.queue))
+
+    def index_entry(self, record: StatusRecord) -> tuple[str, list[str]]:
+        """(the finished-index entry of a finished record, the buckets to create ahead
+        of it in the same multi): index_path() for the worker's outcomes, without a
+        transaction of its own.
+
+        A bucket's leaf is a second: at low load nearly every outcome opens one, and
+        index_path() paid it a create of its own (a failed one, NodeExists, in every
+        other worker). Here a leaf this process has not seen is asked for with
+        exists(), a read (and its parent too, when it is missing), and what is missing
+        is created by the outcome's multi. It is noted as made at once, so this
+        process's other outcomes of that second do not create it again; should that
+        multi fail, their entries meet NoNode and the committer makes the bucket apart
+        (Committer._bucket_gone, index_path).
+        """
+        finished_ms = int(record.finished_at.timestamp() * 1000)
+        leaf = finished_leaf(finished_ms, record.result_ttl)
+        entry = self.layout.finished_entry(
+            leaf, finished_entry(record.id, record.state, record.queue))
+        if leaf in self._buckets_made:
+            return entry, []
+        self._note_bucket(leaf)
+        path = self.layout.finished_bucket(leaf)
+        if self.retry(self.client.exists, path) is not None:
+            return entry, []
+        parent = path.rsplit("/", 1)[0]
+        if parent != self.layout.finished and self.retry(self.client.exists, parent) is None:
+            return entry, [parent, path]
+        return entry, [path]
+
+    def forget_bucket(self, index: str) -> None:
+        """Forget the bucket of an index entry path, so that index_path() makes it."""
+        self._buckets_made.discard(index.rsplit("/", 1)[0][len(self.layout.finished) + 1:])
+
+    def _note_bucket(self, leaf: str) -> None:
+        self._buckets_made.add(leaf)
+        if len(self._buckets_made) > 64:  # keep the cache small: leaves only grow
+            self._buckets_made = {leaf}
 
     def find_index_entry(self, record: StatusRecord) -> str | None:
         """Where a finished record's index entry is: in its bucket's second, or directly

@@ -139,19 +139,20 @@ def test_an_error_after_part_of_a_batch_settled_puts_back_only_the_rest(
     started = committer.begin(worker_id, second.record.id, running.to_bytes(),
                               second.version)
     assert started.started.wait(30) and not started.refused
-    # The second job is taken back; its outcome's multi fails on the missing assignment,
-    # and asking whether its index bucket is gone meets a ZooKeeper that is away.
+    # The second job is taken back; its outcome's multi fails on the missing assignment
+    # (NoNode), and making its index bucket apart for one more try meets a ZooKeeper
+    # that is away.
     zk_client.delete(store.layout.assignment(worker_id, second.record.id))
-    real = store.forget_bucket_if_gone
+    real = store.index_path
     calls = []
 
-    def away_once(index, failed):
-        calls.append(index)
+    def away_once(record):
+        calls.append(record.id)
         if len(calls) == 1:
             raise ZooKeeperUnavailableError("ZooKeeper is away (test)")
-        return real(index, failed)
+        return real(record)
 
-    monkeypatch.setattr(store, "forget_bucket_if_gone", away_once)
+    monkeypatch.setattr(store, "index_path", away_once)
     settled = threading.Event()
     outcome = []
     first_running = first.record.evolve(state=records.RUNNING, attempts=1,

@@ -355,3 +355,40 @@ def test_shards_swept_when_first_seen_leave_nothing_behind_in_the_leader(
         stop.set()
         leader.cancel()
         leader._release()
+
+
+def test_a_job_into_a_new_shard_makes_it_in_its_own_transaction(backend, zk_client):
+    """At low load nearly every job opens a new second's shard: the submit multi creates
+    it (one transaction) rather than failing on it, creating it, and going again."""
+    layout = backend.store.layout
+    ms = NOW_MS + 86_400_000  # a second no other job of this test is in
+    result = submit_at(backend, tasks.add, ms, 1, 2)
+    node = job_node_name(result.task.priority, result.id)
+    shard = layout.shard("default", shard_name(result.task.priority, result.id))
+    assert zk_client.exists(shard).czxid == zk_client.exists(f"{shard}/{node}").czxid
+    assert pending_nodes(zk_client, layout) == [node]
+
+
+def test_a_shard_made_by_someone_else_between_the_read_and_the_multi(backend, zk_client,
+                                                                     monkeypatch):
+    """The shard looked missing, then another submitter made it: the multi that would
+    have made it again fails on it (NodeExists) and is sent again without it; the job is
+    written once, and the caller sees its own ops' results only."""
+    store, layout = backend.store, backend.store.layout
+    ms = NOW_MS + 2 * 86_400_000
+    # The shard of any job of that second and of the task's priority.
+    shard = layout.shard("default", shard_name(tasks.add.priority, job_id_at(ms)))
+    missing = store._missing_shards
+
+    def made_meanwhile(waiting):
+        found = missing(waiting)
+        assert found == [shard]
+        zk_client.create(shard, b"", makepath=True)
+        return found
+
+    monkeypatch.setattr(store, "_missing_shards", made_meanwhile)
+    result = submit_at(backend, tasks.add, ms, 3, 4)
+    node = job_node_name(result.task.priority, result.id)
+    assert zk_client.exists(shard).czxid < zk_client.exists(f"{shard}/{node}").czxid
+    assert pending_nodes(zk_client, layout) == [node]
+    assert backend.get_result(result.id).status == "READY"
