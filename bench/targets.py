@@ -117,6 +117,9 @@ def lines(rows: list[dict], *, scale: dict | None = None, failover: dict | None 
     out.append(_per_row(rows, "write txns/job <= 3, one job at a time",
                         lambda r: r.get("latency_zk_txns_per_job"), 3.0, at_most=True,
                         fmt="{:.2f}", submitters=submitters))
+    out.append(_per_row(rows, "write txns/job <= 3, one job a second",
+                        lambda r: r.get("sparse_zk_txns_per_job"), 3.0, at_most=True,
+                        fmt="{:.2f}", submitters=submitters))
     out.append(_per_row(rows, "write txns/job <= 3, streaming",
                         lambda r: r.get("zk_txns_per_job"), 3.0, at_most=True, fmt="{:.2f}",
                         submitters=submitters))
