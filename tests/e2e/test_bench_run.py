@@ -27,7 +27,8 @@ def test_the_bench_runs_a_row_per_count_of_submitters_then_failover_scale_and_ta
     # A full run (no --only) times failover and drains a large backlog by default; asked
     # for here, at their smallest.
     run = run_bench("run.py", "--only", "zktasks-noop-2w", "--jobs", "60", "--latency", "3",
-                    "--sparse", "2", "--submitters", "1,4", "--failover-trials", "1", "--scale-jobs", "2000",
+                    "--sparse", "2", "--submitters", "1,4", "--failover-trials", "1",
+                    "--scale-jobs", "2000",
                     "--json", str(report), deadline=DEADLINE)
     assert run.returncode == 0, run.stdout[-12000:]
     assert "submitters: 1, 4 threads in the streaming phase" in run.stdout, run.stdout[-4000:]
