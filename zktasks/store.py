@@ -222,10 +222,11 @@ class Store:
             if made and results is not LANDED:
                 failed = failures(results)
                 if failed and failed[0][0] < made:
-                    # Made meanwhile by someone else (NodeExists), or a new queue's
-                    # parent is missing (NoNode): the multi wrote nothing; make them
-                    # apart and send it again as it is.
-                    self.make_shards(waiting)
+                    # The multi wrote nothing. Made meanwhile by someone else
+                    # (NodeExists): send it again as it is. A new queue's parent
+                    # missing (NoNode): make the shards apart first.
+                    if isinstance(failed[0][1], NoNodeError):
+                        self.make_shards(waiting)
                     continue
                 results = results[made:]  # the caller's ops' results, as it indexes them
             if results is LANDED or not failures(results):
@@ -881,7 +882,12 @@ class Store:
         if self.retry(self.client.exists, path) is not None:
             return entry, []
         parent = path.rsplit("/", 1)[0]
-        if parent != self.layout.finished and self.retry(self.client.exists, parent) is None:
+        # The parent holds many seconds: known to be there when one of them is.
+        bucket = leaf.split("/", 1)[0] + "/"
+        if parent == self.layout.finished or any(
+                other.startswith(bucket) for other in self._buckets_made if other != leaf):
+            return entry, [path]
+        if self.retry(self.client.exists, parent) is None:
             return entry, [parent, path]
         return entry, [path]
 
