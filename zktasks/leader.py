@@ -63,6 +63,13 @@ SCHEDULE_ERROR_CHARS = 500  # of a failing schedule's error, kept in its znode
 EXPIRE_BUCKETS = 50
 EXPIRE_ENTRIES = 2_000
 SHARD_GRACE = 2.0        # seconds: an empty shard is deleted once its second is this old
+# Jobs one a second each open a shard, and deleting each emptied one alone was a fourth
+# write transaction per job (bench/run.py --sparse). An empty shard old enough to delete
+# rides in the next assignment multi (up to RIDE_MAX of them), or, with nothing to
+# assign for 5-15 s, goes with the others on a multiple of SWEEP_ALIGN seconds (epoch
+# time) in one fenced multi of its own.
+SWEEP_ALIGN = 10.0
+RIDE_MAX = 50
 DELAYED_LOAD = 10_000     # due delayed names loaded at once (more once those are moved)
 DELAYED_GRACE = 60.0     # seconds past its minute before an empty delayed shard is deleted
 
@@ -186,7 +193,9 @@ class Leader:
         self.loaded: dict[str, dict[str, list[str]]] = {}
         self.pending: dict[str, list[str]] = {}
         self.max_listed = 0  # the longest children list read (tests, the scale bench)
-        self._sweep_at: float | None = None  # when a kept empty shard becomes deletable
+        self._sweep_at: float | None = None  # when a kept empty shard is due to go alone
+        # (queue, shard, due) of the empty shards old enough to delete, this tick's.
+        self._riders: list[tuple[str, str, bool]] = []
         self._born: dict[str, float] = {}  # shard key -> its znode's ctime (epoch seconds)
         self._stale: set[str] = set()  # queues whose pending view plan() left wrong
         self.delayed: list[str] = []  # sorted names of due jobs: the first is due first
@@ -401,6 +410,7 @@ class Leader:
             self._publish_rate_limits()
             self._buckets_taken_up = True
         self._assign()
+        self._sweep_shards()
         self._note_unserved()
         self._expire_results(listed=bool(dirty & {"*", "finished"}))
 
@@ -576,19 +586,19 @@ class Leader:
         """Keep the children of each queue's first shards, enough to fill free capacity.
 
         Never the whole backlog: shards past that are only names (one list per queue).
-        Empty shards met on the way are deleted once their second is SHARD_GRACE old
-        (best effort: NotEmpty means a job just arrived, NoNode someone else did it).
+        Empty shards met on the way that are old enough to delete are noted
+        (`_riders`, `_sweep_state`): `_assign` and `_sweep_shards` delete them.
         """
         full = "*" in dirty
         now = time.monotonic()
         self._sweep_at = None
+        self._riders = []
         for queue, shards in self.shards.items():
             need = max(BATCH, self._free_for(queue))
             loaded = self.loaded.get(queue, {})
             kept: dict[str, list[str]] = {}
             count = 0
             changed = queue in self._stale
-            gone = set()
             for shard in shards:
                 if count >= need:
                     break
@@ -614,15 +624,12 @@ class Leader:
                         foreign = set(names) - set(nodes) if len(nodes) < len(names) else ()
                         for name in foreign:
                             self._move_foreign(queue, shard, name)
-                if not nodes and self._sweep(queue, shard, key):
-                    gone.add(shard)
-                    if shard not in loaded:  # seen only now: the clean-up below skips it
-                        self._forget_shard(key)
-                    continue
+                if not nodes:
+                    state = self._sweep_state(shard, key)
+                    if state:
+                        self._riders.append((queue, shard, state == "due"))
                 kept[shard] = nodes
                 count += len(nodes)
-            if gone:
-                shards[:] = [s for s in shards if s not in gone]
             if changed or kept.keys() != loaded.keys():
                 for shard in loaded.keys() - kept.keys():
                     self._forget_shard(f"s:{queue}/{shard}")
@@ -653,27 +660,54 @@ class Leader:
                          kind="misplaced_job" if parsed else "foreign_name",
                          reason=reason, job_id=parsed[1] if parsed else None)
 
-    def _sweep(self, queue: str, shard: str, key: str) -> bool:
-        """Delete an empty shard if old enough; True if it is gone.
+    def _sweep_state(self, shard: str, key: str) -> str | None:
+        """Whether an empty shard may be deleted: None (not yet), "ready" (with an
+        assignment multi) or "due" (in a multi of its own if none goes out).
 
-        Old enough: its second is SHARD_GRACE past, and so is the znode's creation. A
+        Ready: its second is SHARD_GRACE past, and so is the znode's creation. A
         submitter that made the shard again (a late clock, a retried submit) sends its
         job right after; deleting the shard in between would send it round again, and a
-        leader that sweeps each new shard at once could keep it going round.
+        leader that sweeps each new shard at once could keep it going round. Due: the
+        first multiple of SWEEP_ALIGN at least half of it later, so that the shards of
+        the seconds in between go in one multi, and that a job coming meanwhile takes
+        it along (on the next multiple itself, the shard of three seconds ago, ready
+        then, went alone just before the job of that second came).
         """
         parsed = parse_shard(shard)
-        deletable_at = max(parsed[1] + SHARD_GRACE + 1 if parsed else 0,
-                           self._born.get(key, 0.0) + SHARD_GRACE)
-        if time.time() < deletable_at:
-            self._sweep_at = min(self._sweep_at or deletable_at, deletable_at)
-            return False
-        failed = self.store.delete_shard(self.fence, queue, shard)
-        if not failed:
-            logger.debug("empty shard deleted queue=%s shard=%s", queue, shard)
-            return True
-        self._raise_if_fence(failed)
-        # NotEmpty: a job just arrived (its watch brings us back). NoNode: gone already.
-        return isinstance(failed[0][1], NoNodeError)
+        ready_at = max(parsed[1] + SHARD_GRACE + 1 if parsed else 0,
+                       self._born.get(key, 0.0) + SHARD_GRACE)
+        due_at = (math.ceil((ready_at + SWEEP_ALIGN / 2) / SWEEP_ALIGN) * SWEEP_ALIGN
+                  if SWEEP_ALIGN else ready_at)
+        now = time.time()
+        if now >= due_at:
+            return "due"
+        self._sweep_at = min(self._sweep_at or due_at, due_at)
+        return "ready" if now >= ready_at else None
+
+    def _sweep_shards(self) -> None:
+        """Delete the due empty shards that no assignment multi took along, together."""
+        due = [(queue, shard) for queue, shard, is_due in self._riders if is_due]
+        self._riders = []
+        if not due:
+            return
+        try:
+            gone = self.store.delete_shards(self.fence, due)
+        except NoNodeError as exc:
+            raise LeadershipLost("fence check failed deleting empty shards") from exc
+        self._shards_gone(gone)
+
+    def _shards_gone(self, gone) -> None:
+        """Forget shards deleted (by us or someone else): (queue, shard) pairs. A job
+        landing in one later makes it again, and the queue's watch shows it."""
+        by_queue: dict[str, set[str]] = {}
+        for queue, shard in gone:
+            by_queue.setdefault(queue, set()).add(shard)
+            self.loaded.get(queue, {}).pop(shard, None)
+            self._forget_shard(f"s:{queue}/{shard}")
+        for queue, shards in by_queue.items():
+            if queue in self.shards:
+                self.shards[queue][:] = [s for s in self.shards[queue] if s not in shards]
+            logger.debug("empty shards deleted queue=%s count=%d", queue, len(shards))
 
     def _until_sweep(self) -> float:
         if self._sweep_at is None:
@@ -1235,11 +1269,33 @@ class Leader:
 
     def _assign(self) -> None:
         plan = self.plan()
+        # Empty shards old enough to delete go in the first multi, at no transaction of
+        # their own (the rest, if due, go alone: _sweep_shards).
+        rides = [(q, s) for q, s, _ in self._riders[:RIDE_MAX]] if plan else []
+        del self._riders[:len(rides)]
         for start in range(0, len(plan), BATCH):
             batch = plan[start:start + BATCH]
-            results = self.store.assign(self.fence, batch,
-                                        self._rate_states(batch, time.monotonic()))
+            rates = self._rate_states(batch, time.monotonic())
+            results = self.store.assign(self.fence, batch, rates, sweep=rides)
             failed = failures(results)
+            first_ride = 1 + 2 * len(batch) + len(rates)
+            if failed and rides and failed[0][0] >= first_ride:
+                # A job just landed in that shard (NotEmpty), or it is gone (NoNode):
+                # the batch again without the shards, which come back next tick.
+                index, error = failed[0]
+                queue, shard = rides[index - first_ride]
+                logger.debug("empty shard kept queue=%s shard=%s error=%r; assigning "
+                             "without it", queue, shard, error)
+                if isinstance(error, NoNodeError):
+                    self._shards_gone([(queue, shard)])
+                else:
+                    self._listed_at.pop(f"s:{queue}/{shard}", None)
+                    self.mark(f"s:{queue}/{shard}")
+                results = self.store.assign(self.fence, batch, rates)
+                failed = failures(results)
+            elif rides and not failed:
+                self._shards_gone(rides)
+            rides = []
             if failed:
                 self._raise_if_fence(failed)
                 # Refused, the multi assigned none of its batch, and the batches after it

@@ -1130,16 +1130,19 @@ class Store:
     # -- leader transitions ----------------------------------------------------------
 
     def assign(self, fence: str, items: Iterable[tuple[str, str, str]],
-               rate_states: dict[str, bytes] | None = None) -> list:
+               rate_states: dict[str, bytes] | None = None,
+               sweep: Iterable[tuple[str, str]] = ()) -> list:
         """Move pending jobs to workers: items are (queue, job_node, worker_id).
 
         One multi for the batch, fenced by the leader's own sequential election znode,
         whose name can never come back once its session is gone. `rate_states` are the
         buckets of the rate-limited queues in the batch, as this hand-out leaves them
         (ratelimit.py): written in the same multi, after the batch's ops, so a bucket
-        kept in ZooKeeper never disagrees with what was handed out.
+        kept in ZooKeeper never disagrees with what was handed out. `sweep` are empty
+        shards, (queue, shard), deleted last in the same multi (a job landed in one
+        since fails it all: NotEmpty).
         """
-        items = list(items)
+        items, sweep = list(items), list(sweep)
         now = records.now().isoformat()
 
         def build(txn):
@@ -1153,6 +1156,8 @@ class Store:
                 txn.delete(self.layout.job(queue, node))
             for queue, data in (rate_states or {}).items():
                 txn.set_data(self.layout.rate_state(queue), data)
+            for queue, shard in sweep:
+                txn.delete(self.layout.shard(queue, shard))
 
         return self._commit_raw(build)
 
@@ -1305,13 +1310,37 @@ class Store:
             results = self.with_shards(build, waiting)
         return results, lost_record if final else None
 
-    def delete_shard(self, fence: str, queue: str, shard: str) -> list:
-        """Delete an empty shard (fenced); return the failures (NotEmpty, NoNode) if any.
+    def delete_shards(self, fence: str,
+                      shards: list[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Delete empty shards, (queue, shard), 50 to a fenced multi; return those now
+        gone (deleted here, or already by someone else). A gone fence raises NoNodeError.
 
-        A submitter racing with this either lands its job first (NotEmpty here) or
-        meets NoNode and makes the shard again: no job is lost either way.
+        A submitter racing with this either lands its job first (NotEmpty, which fails
+        the multi: it is sent again without that shard) or meets NoNode and makes the
+        shard again: no job is lost either way.
         """
-        return self.delete_empty(fence, self.layout.shard(queue, shard))
+        gone: set[tuple[str, str]] = set()
+        todo = list(shards)
+        while todo:
+            batch, todo = todo[:50], todo[50:]
+            while batch:
+                def build(txn, batch=batch):
+                    txn.check(fence, -1)
+                    for queue, shard in batch:
+                        txn.delete(self.layout.shard(queue, shard))
+
+                failed = failures(self._commit_raw(build))
+                if not failed:
+                    gone.update(batch)
+                    break
+                index, error = failed[0]
+                if index == 0:
+                    raise NoNodeError(f"fence {fence} is gone")
+                # A multi names its first failure only: that shard out, the rest again.
+                shard = batch.pop(index - 1)
+                if isinstance(error, NoNodeError):
+                    gone.add(shard)
+        return gone
 
     def move_unsharded(self, fence: str, queue: str, nodes: list[str]) -> list:
         """Move pending jobs written before sharding (jobs/{queue}/{node}) into their

@@ -11,6 +11,7 @@ import pytest
 from kazoo.exceptions import NoNodeError
 
 from tests import tasks
+from tests.conftest import use_zookeeper
 from tests.pending import pending_nodes
 from tests.waiting import wait_for_deletion, wait_until
 from zktasks import SerializationError
@@ -94,12 +95,14 @@ def test_a_backlog_spanning_many_shards_drains(backend, start_worker, tmp_path):
 
 
 def test_an_empty_old_shard_swept_while_submits_race_into_it(backend, start_worker, tmp_path,
-                                                             zk_client):
+                                                             zk_client, monkeypatch):
     """The leader deletes an old shard once it is empty and SHARD_GRACE past its creation,
     while submitters keep putting jobs with that second into it: each submit lands
     before the delete (NotEmpty), or meets NoNode and makes the shard again. Two rounds
     of three racing submitters, the shard swept after each: no job is lost, none fails
-    to submit, and the second round remakes the shard."""
+    to submit, and the second round remakes the shard. (The shard goes along with an
+    assignment, or alone 1-3 s after it may once no job comes: SWEEP_ALIGN 2 s.)"""
+    monkeypatch.setattr("zktasks.leader.SWEEP_ALIGN", 2.0)
     start_worker(concurrency=4)
     old_ms = NOW_MS - 120_000
     layout = backend.store.layout
@@ -284,6 +287,7 @@ def test_the_leader_keeps_a_new_shard_of_an_old_second_for_a_grace(backend, zk_c
     # after a leader election, on a machine that may be loaded.
     grace = 6.0
     monkeypatch.setattr("zktasks.leader.SHARD_GRACE", grace)
+    monkeypatch.setattr("zktasks.leader.SWEEP_ALIGN", 2.0)  # due 1-3 s after, not 5-15
     store = backend.store
     store.ensure_queue("default")
     shard = store.layout.shard("default", shard_name(0, job_id_at(NOW_MS - 300_000)))
@@ -301,6 +305,138 @@ def test_the_leader_keeps_a_new_shard_of_an_old_second_for_a_grace(backend, zk_c
         assert zk_client.exists(shard) is None
     finally:
         leader._release()
+
+
+def test_empty_shards_go_together_in_one_transaction_on_an_aligned_second(
+        settings, monkeypatch, own_server, zk_root):
+    """Jobs one a second each open a shard; deleting each emptied one alone was a fourth
+    write transaction per job. Empty shards become deletable on multiples of SWEEP_ALIGN
+    and go in one fenced multi: five old ones, one transaction. A server of the test's
+    own, so that the zxids between two markers count the leader's writes only."""
+    from django.tasks import task_backends
+
+    import zktasks.leader as leader_module
+
+    monkeypatch.setattr(leader_module, "SHARD_GRACE", 0.0)
+    monkeypatch.setattr(leader_module, "SWEEP_ALIGN", 2.0)
+    use_zookeeper(settings, monkeypatch, own_server.hosts, zk_root, CONNECT_TIMEOUT=60.0)
+    store = task_backends["default"].store
+    store.ensure_queue("default")
+    layout = store.layout
+    leader = Leader(store, "sweeper", stop=threading.Event())
+    assert leader.contend()
+    try:
+        leader._tick()  # the term's first writes (buckets taken up), before the shards
+        shards = [shard_name(0, job_id_at(NOW_MS - 300_000 + k * 1000)) for k in range(5)]
+        for shard in shards:
+            store.raw_client.create(layout.shard("default", shard))
+        leader.mark("*")  # whether or not the queue's watch fired yet
+        leader._tick()
+        deadline = leader._sweep_at
+        if deadline is not None:  # made just before a multiple of 2 s: kept till then
+            assert deadline % 2.0 == 0
+            assert all(store.raw_client.exists(layout.shard("default", s)) for s in shards)
+            # A deadline, not a synchronisation: the alignment is on the clock.
+            time.sleep(max(0.0, deadline - time.time()))
+        before = store.raw_client.create(f"{zk_root}-marker-", sequence=True)
+        leader._tick()
+        after = store.raw_client.create(f"{zk_root}-marker-", sequence=True)
+        assert store.raw_client.get_children(layout.queue("default")) == []
+        zxids = [store.raw_client.exists(path).czxid for path in (before, after)]
+        assert zxids[1] - zxids[0] == 2  # the markers' own and one between
+    finally:
+        leader._release()
+
+
+def test_empty_old_shards_ride_in_the_next_assignment_multi(settings, monkeypatch,
+                                                            own_server, zk_root,
+                                                            start_worker):
+    """With a job to hand out, the empty shards old enough to delete go in its
+    assignment multi, at no transaction of their own: the queue's last change of
+    children is the transaction that took the job's node out of its shard. A server of
+    the test's own, so that no other test's leader sweeps there."""
+    from django.tasks import task_backends
+
+    import zktasks.leader as leader_module
+
+    monkeypatch.setattr(leader_module, "SHARD_GRACE", 0.0)
+    # The next multiple of 1e9 s is in 2033: no shard goes in a multi of its own here.
+    monkeypatch.setattr(leader_module, "SWEEP_ALIGN", 1e9)
+    use_zookeeper(settings, monkeypatch, own_server.hosts, zk_root, CONNECT_TIMEOUT=60.0)
+    store = task_backends["default"].store
+    store.ensure_queue("default")
+    layout, client = store.layout, store.raw_client
+    old = [shard_name(tasks.add.priority, job_id_at(NOW_MS - 500_000 + k * 1000))
+           for k in range(3)]
+    for shard in old:
+        client.create(layout.shard("default", shard))
+    start_worker(concurrency=1)
+    result = tasks.add.submit(1, 2)
+    assert result.wait(timeout=30).return_value == 3
+    own = shard_name(tasks.add.priority, result.id)
+    assert client.get_children(layout.queue("default")) == [own]
+    assert client.exists(layout.queue("default")).pzxid == client.exists(
+        layout.shard("default", own)).pzxid
+
+
+def test_a_riding_shard_a_job_landed_in_does_not_hold_up_the_assignment(
+        backend, start_worker, zk_client, monkeypatch):
+    """The leader saw a shard empty and sent its delete along with an assignment, but a
+    job had landed in it meanwhile (its watch not yet taken up: held back here): the
+    multi fails on that shard (NotEmpty), the batch goes again without it at once, and
+    the shard is listed again, its job handed out next."""
+    import zktasks.leader as leader_module
+
+    monkeypatch.setattr(leader_module, "SHARD_GRACE", 0.0)
+    monkeypatch.setattr(leader_module, "SWEEP_ALIGN", 1e9)  # none goes alone (till 2033)
+    store, layout = backend.store, backend.store.layout
+    store.ensure_queue("default")
+    old_ms = NOW_MS - 600_000
+    shard = shard_name(tasks.add.priority, job_id_at(old_ms))
+    key = f"s:default/{shard}"
+    zk_client.create(layout.shard("default", shard))
+    start_worker(concurrency=2, lead=False)
+    leader = Leader(store, "sweeper", stop=threading.Event())
+    assert leader.contend()
+    try:
+        leader._tick()
+        assert leader.loaded["default"][shard] == []
+        landed = submit_at(backend, tasks.add, old_ms + 1, 20, 1)  # into the old shard
+        fresh = tasks.add.submit(1, 2)  # into a new one
+        wait_until(lambda: key in leader._dirty and "q:default" in leader._dirty, 30,
+                   "the watches on the old shard and on the queue to fire")
+        with leader._dirty_lock:
+            leader._dirty.discard(key)  # a watch not yet taken up when the leader plans
+        leader._tick()
+        assert fresh.wait(timeout=30).return_value == 3
+        assert zk_client.exists(layout.shard("default", shard)) is not None
+        assert key in leader._dirty  # listed again next tick
+        leader._tick()
+        assert landed.wait(timeout=30).return_value == 21
+    finally:
+        leader._release()
+
+
+def test_deleting_empty_shards_keeps_one_a_job_landed_in(backend, zk_client):
+    """A job landed in a shard between the leader's listing and its delete: the multi
+    fails on that shard (NotEmpty) and goes again without it; one already gone counts as
+    gone; a gone fence raises NoNodeError, deleting nothing."""
+    store, layout = backend.store, backend.store.layout
+    store.ensure_queue("default")
+    shards = [shard_name(0, job_id_at(NOW_MS - 400_000 + k * 1000)) for k in range(4)]
+    for shard in shards[:3]:
+        zk_client.create(layout.shard("default", shard))
+    landed = job_node_name(0, job_id_at(NOW_MS - 399_000))
+    assert shard_name(0, landed.split("-", 1)[1]) == shards[1]
+    zk_client.create(layout.shard_child("default", shards[1], landed))
+    fence = zk_client.create(f"{layout.root}/fence-", ephemeral=True, sequence=True)
+    pairs = [("default", shard) for shard in shards]
+    with pytest.raises(NoNodeError):
+        store.delete_shards(fence + "-gone", pairs)
+    assert sorted(zk_client.get_children(layout.queue("default"))) == sorted(shards[:3])
+    assert store.delete_shards(fence, pairs) == {pairs[0], pairs[2], pairs[3]}
+    assert zk_client.get_children(layout.queue("default")) == [shards[1]]
+    assert zk_client.get_children(layout.shard("default", shards[1])) == [landed]
 
 
 def test_a_job_in_another_shard_than_its_name_s_is_moved_aside_not_spun_on(
@@ -336,6 +472,7 @@ def test_shards_swept_when_first_seen_leave_nothing_behind_in_the_leader(
     import zktasks.leader as leader_module
 
     monkeypatch.setattr(leader_module, "SHARD_GRACE", 0.0)
+    monkeypatch.setattr(leader_module, "SWEEP_ALIGN", 0.0)  # at once, not on a multiple
     layout = backend.store.layout
     backend.store.ensure_queue("default")
     shards = [shard_name(0, job_id_at(NOW_MS - 300_000 + k * 1000)) for k in range(5)]
