@@ -1312,35 +1312,16 @@ class Store:
 
     def delete_shards(self, fence: str,
                       shards: list[tuple[str, str]]) -> set[tuple[str, str]]:
-        """Delete empty shards, (queue, shard), 50 to a fenced multi; return those now
-        gone (deleted here, or already by someone else). A gone fence raises NoNodeError.
+        """Delete empty shards, (queue, shard), fenced (`_delete_batched`); return those
+        now gone (deleted here, or already by someone else). A gone fence raises
+        NoNodeError.
 
-        A submitter racing with this either lands its job first (NotEmpty, which fails
-        the multi: it is sent again without that shard) or meets NoNode and makes the
-        shard again: no job is lost either way.
+        A submitter racing with this either lands its job first (NotEmpty: that shard
+        stays) or meets NoNode and makes the shard again: no job is lost either way.
         """
-        gone: set[tuple[str, str]] = set()
-        todo = list(shards)
-        while todo:
-            batch, todo = todo[:50], todo[50:]
-            while batch:
-                def build(txn, batch=batch):
-                    txn.check(fence, -1)
-                    for queue, shard in batch:
-                        txn.delete(self.layout.shard(queue, shard))
-
-                failed = failures(self._commit_raw(build))
-                if not failed:
-                    gone.update(batch)
-                    break
-                index, error = failed[0]
-                if index == 0:
-                    raise NoNodeError(f"fence {fence} is gone")
-                # A multi names its first failure only: that shard out, the rest again.
-                shard = batch.pop(index - 1)
-                if isinstance(error, NoNodeError):
-                    gone.add(shard)
-        return gone
+        by_path = {self.layout.shard(queue, shard): (queue, shard) for queue, shard in shards}
+        deleted, gone_before = self._delete_batched(fence, list(by_path))
+        return {by_path[path] for path in deleted | gone_before}
 
     def move_unsharded(self, fence: str, queue: str, nodes: list[str]) -> list:
         """Move pending jobs written before sharding (jobs/{queue}/{node}) into their
@@ -1356,27 +1337,40 @@ class Store:
         return self.with_shards(build, waiting)
 
     def delete_paths(self, fence: str | None, paths: list[str]) -> int:
-        """Delete znodes in multis of 50 (fenced if given); return how many this call
+        """Delete znodes (fenced if given, `_delete_batched`); return how many this call
         deleted. One already gone (someone else deleted it) is skipped, not fatal; a
         gone fence raises NoNodeError."""
-        deleted = 0
+        return len(self._delete_batched(fence, paths)[0])
+
+    def _delete_batched(self, fence: str | None,
+                        paths: list[str]) -> tuple[set[str], set[str]]:
+        """Delete znodes in multis of 50 (fenced if given); return (deleted by this call,
+        already gone). One that fails (NoNode, NotEmpty) fails its multi, which names
+        its first failure only: that one is left out and the rest sent again. A gone
+        fence raises NoNodeError."""
+        deleted: set[str] = set()
+        gone_before: set[str] = set()
+        first = 1 if fence else 0  # the index of the first delete in a multi
         for start in range(0, len(paths), 50):
             batch = paths[start:start + 50]
+            while batch:
+                def build(txn, batch=batch):
+                    if fence:
+                        txn.check(fence, -1)
+                    for path in batch:
+                        txn.delete(path)
 
-            def build(txn, batch=batch):
-                if fence:
-                    txn.check(fence, -1)
-                for path in batch:
-                    txn.delete(path)
-
-            failed = failures(self._commit_raw(build))
-            if not failed:
-                deleted += len(batch)
-            elif fence and failed[0][0] == 0:
-                raise NoNodeError(f"fence {fence} is gone")
-            elif len(batch) > 1:
-                deleted += sum(self.delete_paths(fence, [path]) for path in batch)
-        return deleted
+                failed = failures(self._commit_raw(build))
+                if not failed:
+                    deleted.update(batch)
+                    break
+                index, error = failed[0]
+                if index < first:
+                    raise NoNodeError(f"fence {fence} is gone")
+                path = batch.pop(index - first)
+                if isinstance(error, NoNodeError):
+                    gone_before.add(path)
+        return deleted, gone_before
 
     def delete_empty(self, fence: str, path: str) -> list:
         """Delete an empty shard, pending or delayed, or a due minute (fenced); return the

@@ -439,6 +439,25 @@ def test_deleting_empty_shards_keeps_one_a_job_landed_in(backend, zk_client):
     assert zk_client.get_children(layout.shard("default", shards[1])) == [landed]
 
 
+def test_deleting_paths_counts_its_own_and_steps_over_those_it_cannot(backend, zk_client):
+    """`delete_paths` (dead-letter expiry) sends its multis as `delete_shards` does: one
+    already gone, or not empty, is left out and the rest sent again; the count is of
+    the znodes this call deleted. Without a fence, and with one."""
+    store, root = backend.store, backend.store.layout.root
+    store.ensure_queue("default")  # the root, and the skeleton under it
+    paths = [f"{root}/doomed-{k}" for k in range(4)]
+    for path in paths[:2] + paths[3:]:
+        zk_client.create(path)
+    assert store.delete_paths(None, paths) == 3
+    assert not any(zk_client.exists(path) for path in paths)
+    for path in paths:
+        zk_client.create(path)
+    zk_client.create(f"{paths[1]}/child")
+    fence = zk_client.create(f"{root}/fence-", ephemeral=True, sequence=True)
+    assert store.delete_paths(fence, paths) == 3
+    assert [path for path in paths if zk_client.exists(path)] == [paths[1]]
+
+
 def test_a_job_in_another_shard_than_its_name_s_is_moved_aside_not_spun_on(
         backend, start_worker, zk_client):
     """Assigning deletes the path a job's name gives; a node put by hand in an older
