@@ -208,6 +208,21 @@ class Leader:
         self._last_cancel_sweep = -math.inf
         self._watch_fns: dict[str, Callable] = {}  # see _watch
         self._finished_watch = self._watch("finished")
+        # A persistent recursive watch on assignments/ (connection.py), while leading:
+        # each assignment made or deleted, (worker id, job id, created) in order, so
+        # that a worker's finishes need no listing of its assignments. With one-shot
+        # watches, each change cost a child watch and a get_children: in a stream of
+        # no-op jobs a list of both workers' assignments per assignment multi, 0.5
+        # requests a job of 3.8 (bench/README, "The leader follows assignments").
+        self._assignments_watched = False
+        self._assignment_events: list[tuple[str, str, bool]] = []
+        self._assignment_events_lock = threading.Lock()
+        # Jobs were left pending after the last plan (no free slot, or a token): only
+        # then does a finish wake the leader. Otherwise its event waits for the next
+        # tick (a job's arrival): woken per finish, the leader ticked per job in a
+        # stream, and assignments that had shared multis went one by one.
+        self._waiting = True
+        self._woken = False  # a wake-up for the events noted is on its way
         self._next_ticks: dict[str, float] = {}  # wall-clock times (epoch seconds)
         self._unanswered_ticks: dict[str, tuple] = {}  # name -> (tick, result) in flight
         self._known_ticks: dict[str, object] = {}  # name -> last tick seen recorded, this term
@@ -308,6 +323,72 @@ class Leader:
             self._watch_fns[key] = fire
         return fire
 
+    @inline_watch  # it only notes and wakes: run on kazoo's connection thread
+    def _on_assignment_event(self, event) -> None:
+        """The persistent watch on assignments/: note the job made or deleted under a
+        worker's assignments, and wake the leader (once for all it has not read)."""
+        if event.type not in (EventType.CREATED, EventType.DELETED):
+            return
+        prefix = self.layout.assignments + "/"
+        if not event.path.startswith(prefix):
+            return
+        worker_id, sep, job_id = event.path[len(prefix):].partition("/")
+        if not sep or not job_id or "/" in job_id:
+            return  # a worker's parent node, or deeper than an assignment
+        with self._assignment_events_lock:
+            if not self._assignments_watched:
+                return  # not leading: nobody reads them
+            created = event.type == EventType.CREATED
+            self._assignment_events.append((worker_id, job_id, created))
+            # Made by us (assignments are the leader's), or a finish with nothing
+            # waiting for its slot: noted for the next tick, no wake-up.
+            wake = not created and self._waiting and not self._woken
+            self._woken |= wake
+        if wake:
+            self.mark("assignments")
+
+    def _watch_assignments(self) -> None:
+        """Arm (again) the persistent watch on assignments/, at a full read: the server
+        forgets it with the connection, and the full read that follows a reconnection
+        lists every worker's assignments after arming it, so nothing missed is lost.
+        Events noted until now are in those lists."""
+        try:
+            armed = self.store.watch_persistently(self.layout.assignments,
+                                                  self._on_assignment_event)
+        except BaseException:
+            self._unwatch_assignments()
+            raise
+        with self._assignment_events_lock:
+            self._assignments_watched = armed
+            self._assignment_events = []
+
+    def _unwatch_assignments(self) -> None:
+        """Stop following assignments (the term is over); the next term arms again."""
+        with self._assignment_events_lock:
+            watched, self._assignments_watched = self._assignments_watched, False
+            self._assignment_events = []
+        if watched:
+            self.store.unwatch_persistently(self.layout.assignments,
+                                            self._on_assignment_event)
+
+    def _take_assignment_events(self) -> list[tuple[str, str, bool]]:
+        with self._assignment_events_lock:
+            events, self._assignment_events = self._assignment_events, []
+            self._woken = False
+        return events
+
+    def _note_waiting(self) -> None:
+        """After a plan: whether jobs wait for a slot, which a finish then wakes us for;
+        a finish noted while nothing waited (during this tick) wakes us now."""
+        waiting = any(self.pending.values())
+        with self._assignment_events_lock:
+            self._waiting = waiting
+            wake = waiting and not self._woken and any(
+                not created for _, _, created in self._assignment_events)
+            self._woken |= wake
+        if wake:
+            self.mark("assignments")
+
     def _unwatch(self, *keys: str) -> None:
         """Forget the functions of keys whose path is gone (a worker, a shard, a queue)."""
         for key in keys:
@@ -335,6 +416,7 @@ class Leader:
                 logger.exception("leader failed worker=%s; contending again", self.identity)
             finally:
                 self._set_leader(False)
+                self._unwatch_assignments()
                 self._release()
             # Back off briefly so a flapping connection does not spin.
             self.stop_event.wait(0.2)
@@ -410,6 +492,7 @@ class Leader:
             self._publish_rate_limits()
             self._buckets_taken_up = True
         self._assign()
+        self._note_waiting()
         self._sweep_shards()
         self._note_unserved()
         self._expire_results(listed=bool(dirty & {"*", "finished"}))
@@ -418,6 +501,11 @@ class Leader:
 
     def _refresh(self, dirty: set[str]) -> None:
         full = "*" in dirty
+        if full:
+            self._watch_assignments()
+        # Taken before any list below: a worker listed now has these in its list, and
+        # what changes after it comes as the next events.
+        events = self._take_assignment_events()
         if full or "workers" in dirty:
             live = set(self.store.children(self.layout.workers, watch=self._watch("workers")))
             for gone in set(self.workers) - live:
@@ -427,12 +515,22 @@ class Leader:
                 self.workers[worker_id] = WorkerView(worker_id)
                 dirty.add(f"w:{worker_id}")
                 dirty.add(f"a:{worker_id}")
+        listed = set()
         for worker_id, view in self.workers.items():
             if full or f"w:{worker_id}" in dirty:
                 self._read_worker(view)
             if full or f"a:{worker_id}" in dirty:
                 path = self.layout.worker_assignments(worker_id)
-                view.assigned = set(self.store.children(path, watch=self._watch(f"a:{worker_id}")))
+                watch = None if self._assignments_watched else self._watch(f"a:{worker_id}")
+                view.assigned = set(self.store.children(path, watch=watch))
+                listed.add(worker_id)
+        for worker_id, job_id, created in events:  # in order: the last word on each job
+            view = self.workers.get(worker_id)
+            if view is not None and worker_id not in listed:
+                if created:
+                    view.assigned.add(job_id)
+                else:
+                    view.assigned.discard(job_id)
         if full or "queues" in dirty:
             queues = self.store.children(self.layout.jobs, watch=self._watch("queues"))
             for queue in queues:

@@ -149,3 +149,89 @@ def test_arming_the_watch_again_keeps_the_leaders_child_watch_in_the_same_proces
     # finishes reach the leader, the leader stops assigning before the last ones, for
     # longer than this wait (its full read comes every 30 s).
     _run_jobs(worker, timeout=15)
+
+
+# -- the leader --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def leader_lists(monkeypatch):
+    """Listings of workers' assignments by the leader's thread, once per listing; its
+    full reads (each term, reconnection or RECONCILE_EVERY) list every worker's once."""
+    from zktasks import leader as leader_module
+
+    monkeypatch.setattr(leader_module, "RECONCILE_EVERY", 3600.0)
+    return _count_listings(monkeypatch, "zktasks-leader")
+
+
+def test_the_leader_follows_assignments_by_the_watch_not_by_listing_them(
+        backend, start_worker, leader_lists, connections):
+    """The leader learns of a worker's finishes from a persistent recursive watch on
+    assignments/, and lists a worker's assignments only at a full read."""
+    worker = start_worker(prefetch=PREFETCH)
+    _run_jobs(worker)
+    assert worker.leader._assignments_watched
+    assert leader_lists.count(worker.worker_id) == connections(worker)
+
+
+def test_without_persistent_watches_the_leader_lists_assignments_on_change(
+        backend, start_worker, leader_lists, monkeypatch):
+    monkeypatch.setattr(store_module, "add_persistent_watch", lambda *args, **kw: False)
+    worker = start_worker(prefetch=PREFETCH)
+    _run_jobs(worker)
+    assert not worker.leader._assignments_watched
+    assert leader_lists.count(worker.worker_id) > JOBS // 2
+
+
+def test_finishes_reach_the_leader_while_jobs_wait_for_a_slot(
+        backend, start_worker, leader_lists, connections):
+    """Three times the worker's capacity submitted at once: the jobs past it wait in
+    their shard, and only the finishes' events (no listing, and no full read for an
+    hour) tell the leader that slots are free. One it missed would leave jobs pending
+    for longer than the wait."""
+    worker = start_worker(prefetch=PREFETCH)
+    count = 3 * (2 + PREFETCH)
+    results = [tasks.add.submit(i, 1) for i in range(count)]
+    for i, result in enumerate(results):
+        done = result.wait(timeout=20)
+        assert done.status == TaskResultStatus.SUCCESSFUL
+        assert done.return_value == i + 1
+    assert leader_lists.count(worker.worker_id) == connections(worker)
+
+
+def test_after_a_reconnection_the_leader_arms_its_watch_again(
+        backend, start_worker, leader_lists, connections):
+    """The server forgets the leader's watch with the connection: the full read after
+    the reconnection arms it again and lists each worker's assignments once more. Jobs
+    beyond the worker's capacity then still finish: the leader sees the finishes."""
+    from kazoo.protocol.connection import _CONNECTION_DROP
+    from kazoo.protocol.states import KazooState
+
+    worker = start_worker(prefetch=PREFETCH)
+    _run_jobs(worker)
+    resumed = threading.Event()
+    worker.client.add_listener(
+        lambda state: resumed.set() if state == KazooState.CONNECTED else None)
+    worker.client._call(_CONNECTION_DROP, worker.client.handler.async_result())
+    assert resumed.wait(30), "the worker's client did not reconnect"
+    _run_jobs(worker, timeout=15)
+    assert connections(worker) >= 2
+    assert worker.leader._assignments_watched
+    assert leader_lists.count(worker.worker_id) == connections(worker)
+
+
+def test_a_leader_that_steps_down_stops_following_assignments(backend, start_worker):
+    """Once a term ends the watch is removed: nobody would read its events."""
+    from zktasks.connection import _PERSISTENT, _server_path
+
+    worker = start_worker(prefetch=PREFETCH)
+    _run_jobs(worker)
+    leader = worker.leader
+    path = _server_path(worker.client, backend.store.layout.assignments)
+    assert path in getattr(worker.client, _PERSISTENT)
+    leader._unwatch_assignments()  # what a term's end does (Leader.run)
+    assert path not in getattr(worker.client, _PERSISTENT)
+    assert not leader._assignments_watched
+    # The worker's own watch on its assignments is another path, and stays.
+    assert _server_path(worker.client, backend.store.layout.worker_assignments(
+        worker.worker_id)) in getattr(worker.client, _PERSISTENT)
