@@ -132,7 +132,7 @@ def test_a_job_retried_at_once_to_the_same_worker_is_run_again(backend, start_wo
 
 
 def test_arming_the_watch_again_keeps_the_leaders_child_watch_in_the_same_process(
-        backend, start_worker):
+        backend, start_worker, monkeypatch):
     """ZooKeeper before 3.9 keeps one watch mode per connection and path (ZOOKEEPER-4466).
     A worker and the leader in one process share a connection, and both watch the
     worker's assignments: the leader with a child watch, the worker with a persistent
@@ -140,9 +140,15 @@ def test_arming_the_watch_again_keeps_the_leaders_child_watch_in_the_same_proces
     order), the worker's addWatch turned the leader's watch recursive: the leader was
     told of none of the worker's finishes, took it for full, and assigned it nothing
     until its 30 s full read. add_persistent_watch now hands such a watch its event, and
-    the leader lists again."""
+    the leader lists again. (A leader that can follows assignments/ with a persistent
+    watch of its own, another path: here it is kept to child watches, as where it
+    cannot.)"""
+    from zktasks.leader import Leader
+
+    monkeypatch.setattr(Leader, "_watch_assignments", lambda self: None)
     worker = start_worker(prefetch=PREFETCH)
     _run_jobs(worker)  # by now the leader has a child watch on this worker's assignments
+    assert not worker.leader._assignments_watched
     path = backend.store.layout.worker_assignments(worker.worker_id)
     assert worker._watch_assignments(path)  # the worker's watch, armed after the leader's
     # More jobs than the worker's capacity (2 runners + 8 prefetched): unless its
