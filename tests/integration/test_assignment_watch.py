@@ -235,7 +235,10 @@ def test_a_leader_that_steps_down_stops_following_assignments(backend, start_wor
     leader = worker.leader
     path = _server_path(worker.client, backend.store.layout.assignments)
     assert path in getattr(worker.client, _PERSISTENT)
-    leader._unwatch_assignments()  # what a term's end does (Leader.run)
+    (thread,) = [t for t in threading.enumerate() if t.name == "zktasks-leader"]
+    leader.cancel()  # the term ends (Leader.run returns), and this worker leads no more
+    thread.join(30)
+    assert not thread.is_alive()
     assert path not in getattr(worker.client, _PERSISTENT)
     assert not leader._assignments_watched
     # The worker's own watch on its assignments is another path, and stays.
