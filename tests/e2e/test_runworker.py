@@ -138,6 +138,10 @@ def test_a_signal_to_the_whole_process_group_still_drains(backend, runworker, zk
     `kill -TERM -PGID` signal the task processes too, and a closed terminal sends SIGHUP
     to them all. They leave stopping to the worker (it kills them with SIGKILL when it
     must), or the running job dies with them."""
+    if signum == signal.SIGHUP and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        # The suite itself runs under nohup: the worker inherits SIGHUP ignored and keeps
+        # it so, on purpose (test_sighup_is_left_ignored_when_it_was_nohup).
+        pytest.skip("SIGHUP is ignored in this test run (nohup); the worker inherits that")
     proc, job, release = running_until_released(
         backend, runworker, zk_client, tmp_path, "finished", name="grouped", own_group=True)
     os.killpg(proc.pid, signum)
