@@ -259,38 +259,11 @@ class Monitor:
         about 4,000 status records a row, and a full run left its heap (the test
         fixture's -Xmx512m) 80-98 % full with full GCs under the later rows, and
         snapshots of an ever larger tree. kazoo's delete(recursive=True) sends one
-        request at a time (about 10 s for a row's tree): here the listing is pipelined
-        level by level and the deletes go deepest first in multis of DELETE_BATCH."""
-        from kazoo.exceptions import NoNodeError
+        request at a time (about 10 s for a row's tree): testing.delete_tree pipelines
+        the listing and deletes in multis of DELETE_BATCH."""
+        from zktasks.testing import delete_tree
 
-        levels: list[list[str]] = []
-        level = [root] if self.client.exists(root) else []
-        while level:
-            levels.append(level)
-            below = []
-            for start in range(0, len(level), DELETE_BATCH):
-                part = level[start:start + DELETE_BATCH]
-                for path, pending in zip(part, [self.client.get_children_async(p)
-                                                for p in part], strict=True):
-                    try:
-                        below.extend(f"{path}/{name}" for name in pending.get(WAIT_TIMEOUT))
-                    except NoNodeError:
-                        pass
-            level = below
-        count = sum(map(len, levels))
-        for level in reversed(levels):
-            pending = []
-            for start in range(0, len(level), DELETE_BATCH):
-                txn = self.client.transaction()
-                for path in level[start:start + DELETE_BATCH]:
-                    txn.delete(path)
-                pending.append(txn.commit_async())
-            if not all(result is True for p in pending for result in p.get(WAIT_TIMEOUT)):
-                # Something changed under it (a lingering ephemeral node): the slow way.
-                with contextlib.suppress(NoNodeError):
-                    self.client.delete(root, recursive=True)
-                break
-        return count
+        return delete_tree(self.client, root, batch=DELETE_BATCH, timeout=WAIT_TIMEOUT)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

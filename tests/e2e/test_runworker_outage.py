@@ -22,14 +22,17 @@ def test_a_worker_cut_off_from_zookeeper_still_stops(zk_settings, own_server, ru
     them as long: neither SIGTERM nor a second one stopped it (a supervisor then had to
     SIGKILL it). Its calls during a stop are bounded now; leaving unregistered is safe,
     as the session's end hands its jobs back."""
-    proc = runworker("--concurrency", "1", "--drain-timeout", "2", name="cutoff")
+    # CONNECT_TIMEOUT 4 s (10 s in the suite's settings): each read the cut-off worker
+    # still waits for gives up sooner, so the test takes about 20 s, not 40.
+    proc = runworker("--concurrency", "1", "--drain-timeout", "2", name="cutoff",
+                     env={"ZKTASKS_TEST_CONNECT_TIMEOUT": "4"})
     wait_until(lambda: "worker registered" in proc.log_path.read_text(), 60,
                "the worker to register")
     own_server.stop()
     wait_until(lambda: "connection suspended" in proc.log_path.read_text(), 60,
                "the worker to see ZooKeeper go")
     proc.send_signal(signal.SIGTERM)
-    # Its bounds are CONNECT_TIMEOUT (10 s here) per call and 2 s to deregister; before
+    # Its bounds are CONNECT_TIMEOUT (4 s here) per call and 2 s to deregister; before
     # the fix it waited for ZooKeeper, which never comes back in this test.
     assert proc.wait(120) == 0, proc.log_path.read_text()[-3000:]
     log = proc.log_path.read_text()

@@ -3,7 +3,7 @@
 import pytest
 
 from tests import tasks
-from tests.conftest import use_zookeeper
+from tests.conftest import impatient, use_zookeeper
 
 
 @pytest.fixture
@@ -76,6 +76,9 @@ def test_submit_and_reads_fail_clearly_while_the_quorum_is_lost(zk_settings, zk_
     # leader without quorum still answers reads).
     leader = zk_ensemble.leader()
     follower = next(s for s in zk_ensemble.servers if s is not leader)
+    # The calls below each give up at CONNECT_TIMEOUT: 1.5 s for them (5 s before, for
+    # the first writes to the fresh ensemble), 5 s again once the quorum is back.
+    restore = impatient(backend.store, 1.5)
     follower.kill()
     leader.kill()
 
@@ -90,6 +93,7 @@ def test_submit_and_reads_fail_clearly_while_the_quorum_is_lost(zk_settings, zk_
     with pytest.raises(ZooKeeperUnavailableError, match="unknown outcome"):
         backend.cancel(done.id)
 
+    restore()
     follower.start()  # a quorum again
     leader.start()
     wait_until(lambda: client.connected, timeout=120, message="the client to reconnect")

@@ -19,6 +19,7 @@ from zktasks.testing import (
     ZooKeeperPortInUse,
     ZooKeeperServer,
     ZooKeeperUnavailable,
+    delete_tree,
     find_zookeeper,
     four_letter_word,
     free_port,
@@ -209,6 +210,18 @@ def test_plugin_removes_earlier_roots(zk_client: KazooClient, zk_root: str) -> N
     # Runs after the test above (file order): the root it filled is gone.
     assert _recorded_roots and zk_root not in _recorded_roots
     assert zk_client.exists(_recorded_roots[0]) is None
+
+
+def test_delete_tree_deletes_every_level_in_multis(zk_client: KazooClient, zk_root: str) -> None:
+    # zk_root's teardown deletes with it: levels wider than a batch, and deeper ones.
+    for i in range(7):
+        zk_client.create(f"{zk_root}/wide/n{i}", b"x", makepath=True)
+    zk_client.create(f"{zk_root}/deep/a/b/c/d", makepath=True)
+    zk_client.create(f"{zk_root}/eph", ephemeral=True, makepath=False)
+    expected = 1 + 1 + 7 + 5 + 1  # root, wide and its children, deep/a/b/c/d, eph
+    assert delete_tree(zk_client, zk_root, batch=3) == expected
+    assert zk_client.exists(zk_root) is None
+    assert delete_tree(zk_client, zk_root, batch=3) == 0  # gone: nothing raised
 
 
 def test_plugin_revives_crashed_session_server(
