@@ -114,11 +114,13 @@ chromium: ## Make sure Debian's Chromium is installed for the dashboard's browse
 	  fi; \
 	fi
 
+# The whole suite runs as two pytest processes at once (tests/halves.py says why);
+# PYTEST_ARGS runs one process with just those arguments.
 test: venv zookeeper chromium ## Lint, Django checks, migrations check, then pytest (PYTEST_ARGS=...)
 	$(VENV)/bin/ruff check .
 	$(DJANGO_ENV) $(VPY) manage.py check
 	$(DJANGO_ENV) $(VPY) manage.py makemigrations --check --dry-run
-	env -u DJANGO_SETTINGS_MODULE $(VPY) -m pytest $(PYTEST_ARGS)
+	env -u DJANGO_SETTINGS_MODULE $(if $(strip $(PYTEST_ARGS)),$(VPY) -m pytest $(PYTEST_ARGS),$(VPY) tests/halves.py)
 
 lint: venv ## ruff check
 	$(VENV)/bin/ruff check .

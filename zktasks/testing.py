@@ -290,6 +290,58 @@ def _apt_install(reason: str) -> None:
 
 _handed_out: set[int] = set()
 _ports_lock = threading.Lock()
+# Ports handed out are also claimed on disk, one file per port holding the claimant's
+# pid, so that processes picking ports at once (`make test` runs two pytest processes;
+# the bench's and chaos harness's children pick their own) never hand out the same one:
+# a port is free for bind() between its pick and the JVM binding it, and while a server
+# that keeps its port is restarted. A claim whose process is gone is taken over.
+_CLAIMS_DIR = Path(tempfile.gettempdir()) / f"zktasks-ports-{os.getuid()}"
+_claimed: list[Path] = []
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _claim(port: int, *, again: bool = True) -> bool:
+    """Claim `port` for this process among every process using this module; False if
+    a live process (this one included) holds it."""
+    path = _CLAIMS_DIR / str(port)
+    try:
+        _CLAIMS_DIR.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        try:
+            owner = int(path.read_text())
+        except (OSError, ValueError):  # being written right now, or just removed
+            return False
+        if owner == os.getpid() or _pid_alive(owner) or not again:
+            return False
+        with contextlib.suppress(OSError):
+            path.unlink()  # a claim left by a process that is gone
+        return _claim(port, again=False)
+    except OSError as exc:  # no usable temp dir: this process's own set still applies
+        log.debug("cannot claim port %d on disk: %s", port, exc)
+        return True
+    with os.fdopen(fd, "w") as claim:
+        claim.write(str(os.getpid()))
+    _claimed.append(path)
+    return True
+
+
+@atexit.register
+def _release_claims() -> None:
+    pid = str(os.getpid())
+    for path in _claimed:
+        with contextlib.suppress(OSError, ValueError):
+            if path.read_text() == pid:  # not a forked child's copy of the list
+                path.unlink()
 
 
 def free_port() -> int:
@@ -298,7 +350,8 @@ def free_port() -> int:
 
 
 def free_ports(count: int) -> list[int]:
-    """Return `count` distinct free loopback ports, never one handed out before here."""
+    """Return `count` distinct free loopback ports, never one handed out before here or
+    claimed by another live process using this module."""
     ports: list[int] = []
     held: list[socket.socket] = []
     try:
@@ -313,7 +366,8 @@ def free_ports(count: int) -> list[int]:
                 port = sock.getsockname()[1]
                 if port not in _handed_out:
                     _handed_out.add(port)
-                    ports.append(port)
+                    if _claim(port):
+                        ports.append(port)
     finally:
         for sock in held:
             sock.close()

@@ -224,6 +224,44 @@ def test_delete_tree_deletes_every_level_in_multis(zk_client: KazooClient, zk_ro
     assert delete_tree(zk_client, zk_root, batch=3) == 0  # gone: nothing raised
 
 
+def test_free_ports_are_claimed_across_processes() -> None:
+    # `make test` runs two pytest processes, each picking ports for its servers.
+    from zktasks import testing
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from zktasks.testing import free_ports; "
+         "print(*free_ports(3), flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=PROJECT_DIR)
+    try:
+        ports = [int(p) for p in child.stdout.readline().split()]
+        assert len(ports) == 3
+        assert not any(testing._claim(port) for port in ports)  # its claims, alive
+    finally:
+        child.stdin.close()
+        assert child.wait(30) == 0
+    # Its exit released them.
+    assert not any((testing._CLAIMS_DIR / str(port)).exists() for port in ports)
+
+
+def test_a_port_claim_left_by_a_dead_process_is_taken_over() -> None:
+    import os
+    import socket
+
+    from zktasks import testing
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(30)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    testing._CLAIMS_DIR.mkdir(mode=0o700, exist_ok=True)
+    claim = testing._CLAIMS_DIR / str(port)
+    claim.write_text(str(gone.pid))  # SIGKILLed before its atexit ran
+    assert testing._claim(port)
+    assert claim.read_text() == str(os.getpid())
+    assert not testing._claim(port)  # ours now
+
+
 def test_plugin_revives_crashed_session_server(
     zookeeper: ZooKeeperServer, request: pytest.FixtureRequest
 ) -> None:
