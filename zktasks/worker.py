@@ -615,13 +615,16 @@ class Worker:
             self._begin_drain()
         elif kind == "state":
             self._handle_state(value)
-        elif kind == "assignments" and not self._lost and not self._paused:
+        # Reads not while the connection is suspended: the CONNECTED that ends it queues
+        # all three again. kazoo fires watches as the connection drops, and their events
+        # come before the SUSPENDED one: read then, each waited CONNECT_TIMEOUT in
+        # kazoo's queue, and the SUSPENDED itself (and a drain, a stop) waited behind
+        # them. The client's live state says so at once.
+        elif kind == "assignments" and self._may_read():
             self._read_assignments()
-        # Not while the connection is suspended (kazoo fires watches as it drops): the
-        # CONNECTED that ends it queues both again.
-        elif kind == "own" and not self._lost and not self._paused:
+        elif kind == "own" and self._may_read():
             self._read_own_znode()
-        elif kind == "cancels" and not self._lost and not self._paused:
+        elif kind == "cancels" and self._may_read():
             self._read_cancels()
         elif kind == "prefetch":
             self._advertise_prefetch()
@@ -639,6 +642,9 @@ class Worker:
                 self.runner.stop(force=True)
                 return _STOP
         return drain_deadline
+
+    def _may_read(self) -> bool:
+        return not self._lost and not self._paused and self.client.connected
 
     def _handle_state(self, state) -> None:
         if state == KazooState.SUSPENDED:
