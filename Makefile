@@ -116,7 +116,7 @@ chromium: ## Make sure Debian's Chromium is installed for the dashboard's browse
 
 # The whole suite runs as two pytest processes at once (tests/halves.py says why);
 # PYTEST_ARGS runs one process with just those arguments.
-test: venv zookeeper chromium ## Lint, Django checks, migrations check, then pytest (PYTEST_ARGS=...)
+test: venv zookeeper chromium ## Lint, Django checks, migrations check, then pytest in two processes (PYTEST_ARGS=...: one)
 	$(VENV)/bin/ruff check .
 	$(DJANGO_ENV) $(VPY) manage.py check
 	$(DJANGO_ENV) $(VPY) manage.py makemigrations --check --dry-run

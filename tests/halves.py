@@ -7,9 +7,10 @@ the second everything else under tests/ (unit, dashboard, e2e and any directory 
 later), each with its own session ZooKeeper; zktasks.testing's port claims keep their
 servers off each other's ports.
 
-Both halves' lines are shown as they come, each line tagged with its half; the exit
-status is the first non-zero one of the two. Arguments are passed to both pytest runs
-(`make test PYTEST_ARGS=...` runs one process instead, with only those arguments).
+Both halves' lines are shown as they come, each tagged with its half, and a failed
+half's short test summary again at the end. The exit status is the first non-zero one
+of the two (a half that a `-k` left without tests does not count). Arguments go to both
+pytest runs (`make test PYTEST_ARGS=...` runs one process instead, with only those).
 
     python tests/halves.py [PYTEST OPTION ...]
 """
@@ -37,8 +38,12 @@ def halves() -> list[tuple[str, list[str]]]:
     return [("integration", FIRST), ("rest", rest)]
 
 
-def _relay(tag: str, proc: subprocess.Popen, lock: threading.Lock) -> None:
+def _relay(tag: str, proc: subprocess.Popen, lock: threading.Lock,
+           summary: list[str]) -> None:
+    """Pass a half's lines on, tagged; keep its short test summary for the end."""
     for line in proc.stdout:
+        if summary or "short test summary info" in line:
+            summary.append(line)
         with lock:
             sys.stdout.write(f"[{tag}] {line}")
             sys.stdout.flush()
@@ -56,31 +61,36 @@ def main(argv: list[str]) -> int:
             # A process group each: a terminal's Ctrl-C reaches this process alone, which
             # passes it on once (a second SIGINT would make pytest abort unreported).
             process_group=0)
-        relay = threading.Thread(target=_relay, args=(tag, proc, lock), daemon=True)
+        summary: list[str] = []
+        relay = threading.Thread(target=_relay, args=(tag, proc, lock, summary),
+                                 daemon=True)
         relay.start()
-        runs.append((tag, paths, proc, relay))
+        runs.append((tag, paths, proc, relay, summary))
     print(f"running the suite in {len(runs)} pytest processes: "
-          + "; ".join(f"{tag} = {' '.join(paths)}" for tag, paths, _, _ in runs), flush=True)
+          + "; ".join(f"{tag} = {' '.join(paths)}" for tag, paths, *_ in runs), flush=True)
 
     def forward(signum, frame):
         # Ctrl-C or a CI's SIGTERM: both halves get SIGINT, on which pytest stops after
         # its fixtures' teardowns (servers stopped, trees deleted) and reports.
-        for _, _, proc, _ in runs:
+        for _, _, proc, *_ in runs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     codes = []
-    for _, _, proc, relay in runs:
+    for _, _, proc, relay, _ in runs:
         codes.append(proc.wait())
         relay.join()
     took = time.monotonic() - began
+    for (tag, _, _, _, summary), code in zip(runs, codes, strict=True):
+        if code != 0 and summary:  # the failures together, not between the other's lines
+            print(f"\n{tag}: " + "".join(summary), end="", flush=True)
     print(f"suite done in {took / 60:.1f} min: "
-          + ", ".join(f"{tag} exit {code}" for (tag, _, _, _), code in zip(runs, codes,
-                                                                           strict=True)),
+          + ", ".join(f"{run[0]} exit {code}" for run, code in zip(runs, codes, strict=True)),
           flush=True)
-    return next((code for code in codes if code != 0), 0)
+    # 5 is pytest's "no tests collected": a half that a -k left empty is no failure.
+    return next((code for code in codes if code not in (0, 5)), 5 if set(codes) == {5} else 0)
 
 
 if __name__ == "__main__":
