@@ -360,7 +360,7 @@ class Committer:
                 entry, buckets = self.store.index_entry(final)
                 creates.extend((bucket, b"") for bucket in buckets)
             else:
-                entry = self.store.index_path(final)
+                entry = self.store.index_path(final, fresh=True)
             creates.append((entry, b""))
             deletes.extend(self.store.cleanup_paths(final))
         return final.to_bytes(), tuple(creates), tuple(deletes)
@@ -415,9 +415,14 @@ class Committer:
                 self._flush([self._op(op.commit)], again=True)
                 return
             if op.kind == "finish" and not again and self._bucket_made_meanwhile(op, failed):
-                # Another worker made the bucket since our read: it is noted as made
-                # here, so the multi goes again without creating it.
-                op.commit._final_ops = self._final_ops(op.commit.final, op.commit.requeue)
+                # Someone made the bucket, or only its parent, since our read (the parent
+                # holds every second of a bucket: another second's outcome makes it).
+                # The leaf is noted as made here but may not be: made apart (index_path,
+                # one create, NodeExists if it is there), then the multi goes again.
+                # Recomputed from the cache instead, the entry met NoNode on the leaf
+                # and the outcome was dropped (seen under the two-process suite).
+                op.commit._final_ops = self._final_ops(op.commit.final, op.commit.requeue,
+                                                       bucket_in_multi=False)
                 self._flush([self._op(op.commit)], again=True)
                 return
             self._settle(op, False, failed)

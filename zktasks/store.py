@@ -841,15 +841,19 @@ class Store:
 
     # -- the finished index -----------------------------------------------------------
 
-    def index_path(self, record: StatusRecord) -> str:
+    def index_path(self, record: StatusRecord, *, fresh: bool = False) -> str:
         """Return the finished-index entry of a finished record, making its bucket.
 
         The bucket follows the record's own result_ttl (None: the global RESULT_TTL),
         so every writer of a final state, and retry() removing it, agree on the path.
+        With `fresh`, the bucket is made even if this process notes it as made: an
+        outcome that met NoNode on it asks so (Committer._bucket_gone), since a runner
+        thread may note it again (index_entry, for a job of its own of that second)
+        before its multi has made it.
         """
         finished_ms = int(record.finished_at.timestamp() * 1000)
         leaf = finished_leaf(finished_ms, record.result_ttl)
-        if leaf not in self._buckets_made:
+        if fresh or leaf not in self._buckets_made:
             # One create when the bucket exists (kazoo's ensure_path makes the parent
             # only on NoNode); a worker makes each second at most once.
             self.retry(self.client.ensure_path, self.layout.finished_bucket(leaf))

@@ -146,11 +146,11 @@ def test_an_error_after_part_of_a_batch_settled_puts_back_only_the_rest(
     real = store.index_path
     calls = []
 
-    def away_once(record):
+    def away_once(record, **kwargs):
         calls.append(record.id)
         if len(calls) == 1:
             raise ZooKeeperUnavailableError("ZooKeeper is away (test)")
-        return real(record)
+        return real(record, **kwargs)
 
     monkeypatch.setattr(store, "index_path", away_once)
     settled = threading.Event()

@@ -164,3 +164,58 @@ def test_expiry_is_capped_per_call_and_resumes_after_its_cursor(backend, zk_clie
     assert left() == set(stuck)
     # A new pass goes over the stuck ones again, and says nothing is due (no spinning).
     assert sweep(cursor) == (0, None, "")
+
+
+def test_an_outcome_that_met_a_missing_bucket_makes_it_though_noted_again(
+        backend, start_worker, caplog):
+    """A runner notes a second's bucket as made before its own multi makes it
+    (Store.index_entry), so an outcome of that second written first meets NoNode, and
+    the committer makes the bucket apart for one more try. A runner noting it again in
+    between (for a job of its own of that second) made that try skip the bucket: NoNode
+    again, the outcome dropped, the job RUNNING until the worker's next full list (seen
+    once under the two-process suite)."""
+    import time
+
+    worker = start_worker()
+    store = worker.store
+    now_ms = int(time.time() * 1000)
+    for k in range(-1, 30):  # noted, not made: as if other runners' multis were on their way
+        store._note_bucket(finished_leaf(now_ms + k * 1000, None))
+    forgotten = []
+    forget = store.forget_bucket
+
+    def forget_and_noted_again(index):
+        forget(index)
+        forgotten.append(index)
+        store._note_bucket(index.rsplit("/", 1)[0][len(store.layout.finished) + 1:])
+
+    store.forget_bucket = forget_and_noted_again
+    job = tasks.add.submit(2, 3)
+    assert job.wait(timeout=20).return_value == 5
+    assert forgotten  # its first multi met the missing bucket
+    assert "outcome dropped" not in caplog.text
+
+
+def test_an_outcome_whose_bucket_parent_was_made_meanwhile_still_makes_its_second(
+        backend, start_worker, zk_client, caplog):
+    """An outcome's multi creates its bucket's parent and its second; another second's
+    outcome made the parent meanwhile (NodeExists). Its second, noted as made by its own
+    read but never made, was left out of the retry: NoNode, the outcome dropped, the job
+    RUNNING until the worker's next full list (seen under the two-process suite)."""
+    worker = start_worker()
+    store = worker.store
+    made_meanwhile = []
+    index_entry = store.index_entry
+
+    def parent_made_meanwhile(record):
+        entry, buckets = index_entry(record)
+        if len(buckets) == 2:  # [parent, second]: another second's outcome makes the parent
+            zk_client.create(buckets[0])
+            made_meanwhile.append(buckets[0])
+        return entry, buckets
+
+    store.index_entry = parent_made_meanwhile
+    job = tasks.add.submit(2, 3)
+    assert job.wait(timeout=20).return_value == 5
+    assert made_meanwhile  # the first finish in this tree: the parent was missing
+    assert "outcome dropped" not in caplog.text
