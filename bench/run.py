@@ -50,7 +50,6 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 START_DEADLINE = 90.0   # seconds for workers to register
 DRAIN_DEADLINE = 300.0  # seconds for a throughput run to finish after the last submit
 WAIT_TIMEOUT = 30.0     # seconds for any single job's result
-DELETE_BATCH = 200      # znodes per multi (and listings in flight) when a tree is deleted
 SCALE_JOBS = 1_000_000  # issue 6: a million pending jobs submitted and drained
 QUICK_SCALE_JOBS = 20_000
 SCALE_GB_PER_MILLION = 8  # ZooKeeper heap a million pending jobs took (bench/README, Scale)
@@ -260,10 +259,10 @@ class Monitor:
         fixture's -Xmx512m) 80-98 % full with full GCs under the later rows, and
         snapshots of an ever larger tree. kazoo's delete(recursive=True) sends one
         request at a time (about 10 s for a row's tree): testing.delete_tree pipelines
-        the listing and deletes in multis of DELETE_BATCH."""
+        the listing and deletes in multis of testing.DELETE_BATCH."""
         from zktasks.testing import delete_tree
 
-        return delete_tree(self.client, root, batch=DELETE_BATCH, timeout=WAIT_TIMEOUT)
+        return delete_tree(self.client, root, timeout=WAIT_TIMEOUT)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -348,8 +348,9 @@ class Committer:
 
         The finished index's bucket for the outcome's second, when missing, is created
         by the same multi, ahead of the entry (Store.index_entry); with
-        `bucket_in_multi` False it is made apart first (Store.index_path), as when the
-        multi met NoNode on it (its parent bucket missing, or expired meanwhile)."""
+        `bucket_in_multi` False it is made apart first (Store.index_path, whatever the
+        cache says), as when the multi met NoNode on it (its parent bucket missing, or
+        expired meanwhile) or NodeExists (made meanwhile, perhaps only its parent)."""
         creates = []
         if requeue:
             creates.append((self.store.waiting_path(final),

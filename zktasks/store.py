@@ -847,9 +847,9 @@ class Store:
         The bucket follows the record's own result_ttl (None: the global RESULT_TTL),
         so every writer of a final state, and retry() removing it, agree on the path.
         With `fresh`, the bucket is made even if this process notes it as made: an
-        outcome that met NoNode on it asks so (Committer._bucket_gone), since a runner
-        thread may note it again (index_entry, for a job of its own of that second)
-        before its multi has made it.
+        outcome's retry asks so (Committer._final_ops), since index_entry notes a second
+        as made before the multi that makes it has landed (it may fail, or a runner may
+        note it again for a job of its own of that second).
         """
         finished_ms = int(record.finished_at.timestamp() * 1000)
         leaf = finished_leaf(finished_ms, record.result_ttl)

@@ -315,6 +315,10 @@ def _claim(port: int, *, again: bool = True) -> bool:
     path = _CLAIMS_DIR / str(port)
     try:
         _CLAIMS_DIR.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:  # no usable temp dir: this process's own set still applies
+        log.debug("cannot claim port %d on disk: %s", port, exc)
+        return True
+    try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
         try:

@@ -76,7 +76,8 @@ def test_a_finished_scenario_s_tree_is_deleted_whole(zk_hosts, zk_root, zk_clien
     # Importing bench/run.py points DJANGO_SETTINGS_MODULE at the bench's settings:
     # setting it first makes monkeypatch put the test run's value back afterwards.
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", os.environ["DJANGO_SETTINGS_MODULE"])
-    from bench.run import DELETE_BATCH, Monitor
+    from bench.run import Monitor
+    from zktasks.testing import DELETE_BATCH
 
     wide = DELETE_BATCH * 2 + 7
     for i in range(wide):

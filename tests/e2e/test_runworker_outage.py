@@ -23,7 +23,7 @@ def test_a_worker_cut_off_from_zookeeper_still_stops(zk_settings, own_server, ru
     SIGKILL it). Its calls during a stop are bounded now; leaving unregistered is safe,
     as the session's end hands its jobs back."""
     # CONNECT_TIMEOUT 4 s (10 s in the suite's settings): each read the cut-off worker
-    # still waits for gives up sooner, so the test takes about 20 s, not 40.
+    # still waits for gives up sooner, so the test takes about 15 s, not 40.
     proc = runworker("--concurrency", "1", "--drain-timeout", "2", name="cutoff",
                      env={"ZKTASKS_TEST_CONNECT_TIMEOUT": "4"})
     wait_until(lambda: "worker registered" in proc.log_path.read_text(), 60,
