@@ -201,6 +201,7 @@ class Worker:
         self._held: list[_Held] = []        # thread pool: batches run in turn (the same)
         self._paused = False
         self._draining = False
+        self._untold = False  # draining, and the worker znode does not say so yet
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()  # stop() was called (seen at startup)
         self._stopped = threading.Event()
@@ -296,7 +297,9 @@ class Worker:
                 self.leader.cancel()
             leader_stop.set()
             if leader_thread is not None:
-                leader_thread.join(5)
+                # Cut off from ZooKeeper, the leader's lock recipe waits for a connection
+                # that may not come back: the session's end (or close) resigns for it.
+                leader_thread.join(5 if self.client.connected else 0.5)
             with self._cond:
                 self._cond.notify_all()
             # Runner threads are done after a drain; after a forced stop a thread-pool job
@@ -447,6 +450,11 @@ class Worker:
             txn.delete(layout.worker(worker_id))
             txn.delete(layout.worker_assignments(worker_id))
 
+        unanswered = ("worker left without deregistering worker=%s (ZooKeeper did not "
+                      "answer): its session's end hands its jobs back")
+        if not self.client.connected:
+            logger.info(unanswered, worker_id)  # the bound below would be spent waiting
+            return
         try:
             # Bounded: with ZooKeeper away this waited for its return, and the worker
             # with it. Leaving without it is safe: the session's end hands the jobs back.
@@ -457,9 +465,7 @@ class Worker:
                 # leader hand them back.
                 logger.info("worker left with assignments worker=%s", worker_id)
         except Exception:
-            logger.info("worker left without deregistering worker=%s (ZooKeeper did not "
-                        "answer): its session's end hands its jobs back", worker_id,
-                        exc_info=logger.isEnabledFor(logging.DEBUG))
+            logger.info(unanswered, worker_id, exc_info=logger.isEnabledFor(logging.DEBUG))
 
     @property
     def prefetch(self) -> int:
@@ -622,6 +628,15 @@ class Worker:
         # them. The client's live state says so at once.
         elif kind == "assignments" and self._may_read():
             self._read_assignments()
+            if self._draining and self._ready and not self._untold:
+                # Assigned before the leader read our drain: back they go, as those
+                # held when it began. Not while our znode does not say draining: the
+                # leader would give them straight back to us, and again.
+                self._hand_back_ready()
+        elif kind == "drain-again" and self._may_read():
+            self._tell_draining()
+            if not self._untold:
+                self._hand_back_ready()
         elif kind == "own" and self._may_read():
             self._read_own_znode()
         elif kind == "cancels" and self._may_read():
@@ -681,6 +696,8 @@ class Worker:
                 self._events.put(("cancels", None))  # first, as in _register
                 self._events.put(("assignments", None))
                 self._events.put(("own", None))
+                if self._draining:
+                    self._events.put(("drain-again", None))  # what the outage deferred
             with self._cond:
                 self._cond.notify_all()
 
@@ -918,17 +935,53 @@ class Worker:
         """Stop taking work, tell the leader, hand back what has not started."""
         self._draining = True
         logger.info("worker draining worker=%s running=%d", self.worker_id, len(self._running))
+        self._tell_draining()
+        if self.leader is not None:
+            self.leader.cancel()
+        self._hand_back_ready()
+
+    def _tell_draining(self) -> None:
+        """Mark our worker znode draining, so that the leader assigns us nothing more
+        (a read when it says so already).
+
+        Not while disconnected: the write waited CONNECT_TIMEOUT for nothing, and the
+        stop behind it (a worker told to leave during an outage took 10-17 s). It is
+        written when the connection returns instead (_handle_state), if the worker is
+        still draining then; a worker that leaves first needs no mark: its session's
+        end tells the leader."""
+        self._untold = True
+        if not self.client.connected:
+            logger.info("ZooKeeper unreachable: the leader learns of the drain when the "
+                        "connection returns worker=%s", self.worker_id)
+            return
         try:
             with self.store.bounded():  # see _read_own_znode
                 self.store.update_worker(self.worker_id, mark_draining)
+            self._untold = False
         except Exception:
             logger.debug("could not mark draining", exc_info=True)
-        if self.leader is not None:
-            self.leader.cancel()
+
+    def _hand_back_ready(self) -> None:
+        """Hand back the jobs held here that have not started (draining).
+
+        Only while connected: each hand-back waited up to 2 s on a connection that was
+        gone, one after another (a prefetch is 8 jobs and up by default), and a stop
+        behind them. Those not handed back stay here, assigned to us, and go back when
+        the connection returns (_handle_state) or when this worker leaves (its
+        session's end). Runners take nothing from _ready while draining."""
         with self._cond:
             handed, self._ready = self._ready, []
             self._cond.notify_all()
-        for item in handed:
+        for i, item in enumerate(handed):
+            if not self.client.connected:
+                kept = handed[i:]
+                with self._cond:
+                    for held in kept:
+                        heapq.heappush(self._ready, held)
+                logger.info("ZooKeeper unreachable: %d job(s) not started stay with "
+                            "worker=%s; handed back when the connection returns, or by "
+                            "the leader once this worker is gone", len(kept), self.worker_id)
+                return
             self._hand_back(item)
 
     def _hand_back(self, item: _Queued) -> None:

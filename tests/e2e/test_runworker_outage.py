@@ -22,8 +22,8 @@ def test_a_worker_cut_off_from_zookeeper_still_stops(zk_settings, own_server, ru
     them as long: neither SIGTERM nor a second one stopped it (a supervisor then had to
     SIGKILL it). Its calls during a stop are bounded now; leaving unregistered is safe,
     as the session's end hands its jobs back."""
-    # CONNECT_TIMEOUT 4 s (10 s in the suite's settings): each read the cut-off worker
-    # still waits for gives up sooner, so the test takes about 15 s, not 40.
+    # CONNECT_TIMEOUT 4 s (10 s in the suite's settings): a read the cut-off worker
+    # still waits for gives up sooner. The test takes about 6 s (40 s at first).
     proc = runworker("--concurrency", "1", "--drain-timeout", "2", name="cutoff",
                      env={"ZKTASKS_TEST_CONNECT_TIMEOUT": "4"})
     wait_until(lambda: "worker registered" in proc.log_path.read_text(), 60,
@@ -32,11 +32,13 @@ def test_a_worker_cut_off_from_zookeeper_still_stops(zk_settings, own_server, ru
     wait_until(lambda: "connection suspended" in proc.log_path.read_text(), 60,
                "the worker to see ZooKeeper go")
     proc.send_signal(signal.SIGTERM)
-    # Its bounds are CONNECT_TIMEOUT (4 s here) per call and 2 s to deregister; before
-    # the fix it waited for ZooKeeper, which never comes back in this test.
+    # Before the fix it waited for ZooKeeper, which never comes back in this test; then
+    # up to CONNECT_TIMEOUT to mark its drain, 2 s per job waiting on it to hand back,
+    # 5 s for its leader thread and 2 s to deregister. Disconnected, it tries none.
     assert proc.wait(120) == 0, proc.log_path.read_text()[-3000:]
     log = proc.log_path.read_text()
     assert "worker stopped" in log
+    assert "the leader learns of the drain when the connection returns" in log
     assert "left without deregistering" in log
     # The reads the drop queued wait no longer for a connection that is gone: at most the
     # one already under way as it dropped (each waited CONNECT_TIMEOUT, and the
