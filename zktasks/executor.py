@@ -13,9 +13,12 @@ import ctypes
 import gc
 import json
 import logging
+import math
 import multiprocessing
 import os
+import pickle
 import queue
+import select
 import signal
 import sys
 import threading
@@ -489,10 +492,19 @@ def _report(conn, outcome) -> bool:
     handed back by the leader). Its traceback, printed by multiprocessing for every
     task process of a killed worker, read as a fault of the task."""
     try:
-        conn.send(outcome)
+        conn.send_bytes(_dumps(outcome))
     except (BrokenPipeError, ConnectionResetError):
         return False
     return True
+
+
+def _dumps(message) -> bytes:
+    """A message between the worker and a task process, as Connection.send() would write
+    it but with pickle itself: multiprocessing's ForkingPickler, which sends file
+    descriptors and sockets (none of which these carry), copies its dispatch table for
+    every message, a tenth of a no-op job's CPU in the task process (bench --profile).
+    Connection.recv() reads either."""
+    return pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
 
 
 # -- the fork server ----------------------------------------------------------------------
@@ -607,6 +619,39 @@ def _on_soft_timeout(signum, frame):
     # limit killed the task process with no chance to clean up
 
 
+# Once per job each, on the runner thread: multiprocessing.connection.wait() builds a
+# selectors.PollSelector (Python objects for every fd) and Process.is_alive() of a fork
+# server's child another, to poll one or two fds. A bare select.poll is the same system
+# call without them; the two came to about 3 % of a busy worker's CPU (bench --profile).
+_PIPE, _SENTINEL = 1, 2
+
+
+def _wait_readable(conn, sentinel: int | None, seconds: float) -> int:
+    """Wait up to `seconds` for the task process's pipe or its sentinel: _PIPE if the
+    pipe has something (data, or EOF), else _SENTINEL if only the sentinel fired, else
+    0. Any event counts, as for connection.wait(): a hang-up or an error is "ready"."""
+    poller = select.poll()
+    pipe = conn.fileno()  # OSError if closed, as connection.wait() raised
+    poller.register(pipe, select.POLLIN)
+    if sentinel is not None:
+        poller.register(sentinel, select.POLLIN)
+    # poll() takes milliseconds; rounded up, so that a wait never returns early.
+    found = {fd for fd, _ in poller.poll(math.ceil(max(0.0, seconds) * 1000))}
+    return _PIPE if pipe in found else _SENTINEL if found else 0
+
+
+def _alive(process) -> bool:
+    """process.is_alive(), cheaper for a fork server's child: alive while its sentinel
+    (the pipe by which the server reports its exit) has nothing to read. A spawned
+    process's is_alive() is a waitpid already; and whatever is readable is confirmed by
+    is_alive() itself, which also records the exit code."""
+    if getattr(process, "_start_method", None) != "forkserver":
+        return process.is_alive()
+    poller = select.poll()
+    poller.register(process.sentinel, select.POLLIN)
+    return not poller.poll(0) or process.is_alive()
+
+
 class _Slot:
     def __init__(self, ctx, index: int):
         self.ctx = ctx
@@ -639,7 +684,7 @@ class _Slot:
             # SIGKILL is not instant: a process a forced cancel killed can look alive for
             # a moment, and, if the outcome it was on had already been read, nobody else
             # reaps it. Never hand it the next run.
-            if process is not None and process is not self.killed and process.is_alive():
+            if process is not None and process is not self.killed and _alive(process):
                 return
             if process is not None:
                 self._reap()  # joins (at once for a dead or killed process) and closes
@@ -680,7 +725,7 @@ class _Slot:
                 raise EOFError("the task process was stopped")
             if not self.ready:
                 self._wait_ready(conn)
-            conn.send(message)
+            conn.send_bytes(_dumps(message))
         except (EOFError, OSError):
             return None
         self.handed += len(message) if isinstance(message, list) else 1
@@ -786,9 +831,8 @@ class _Slot:
         while True:
             wait = CHECK_EVERY if deadline is None else min(
                 CHECK_EVERY, max(0.0, deadline - time.monotonic()))
-            ready = mp_connection.wait([conn] if sentinel is None else [conn, sentinel],
-                                       wait)
-            if conn in ready:
+            ready = _wait_readable(conn, sentinel, wait)
+            if ready == _PIPE:
                 return True
             if ready or (process is not None and not process.is_alive()):
                 # The task process has exited: what it sent is in the pipe by now.

@@ -86,3 +86,19 @@ def test_a_line_that_cannot_be_formatted_is_reported_and_no_other_line_is_lost(l
     assert "--- Logging error ---" in capsys.readouterr().err
     logger.warning("fine")
     assert stream.getvalue() == "INFO first\nINFO held\nWARNING fine\n"
+
+
+@pytest.mark.parametrize("created", [1e9 + 0.999, 1.7e9 + 0.0004, 1.7e9 + 59.5])
+def test_the_formatter_writes_the_same_time_as_loggings_own(created):
+    """Formatter makes the date and clock once a second: the text is logging's own, for
+    a second it has seen before and for the next one."""
+    from zktasks.loghandler import LOG_FORMAT, Formatter
+
+    ours, theirs = Formatter(LOG_FORMAT), logging.Formatter(LOG_FORMAT)
+    for at in (created, created + 0.25, created + 1.0, created):
+        record = logging.LogRecord("zktasks.worker", logging.INFO, __file__, 1,
+                                   "job succeeded job=%s", ("x",), None)
+        record.created, record.msecs = at, int((at - int(at)) * 1000)
+        assert ours.format(record) == theirs.format(record)
+    dated = Formatter(LOG_FORMAT, datefmt="%H:%M")
+    assert dated.format(record) == logging.Formatter(LOG_FORMAT, "%H:%M").format(record)

@@ -679,3 +679,21 @@ def test_a_dead_letter_that_is_itself_garbage_is_read_as_such(raw):
 
     letter = deadletter.decode("0000000000001-junk", raw)
     assert letter.unreadable
+
+
+def test_times_encode_with_their_own_offset_though_equal_times_were_encoded_before():
+    """records._iso keeps the text of UTC times: an equal time in another zone is still
+    written with its own offset, and every time reads back as it was."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from zktasks.records import StatusRecord
+
+    utc = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+    paris = utc.astimezone(timezone(timedelta(hours=1)))
+    first = StatusRecord(id="j1", task="t", backend="default", queue="q", priority=0,
+                         enqueued_at=utc, run_after=paris)
+    again = StatusRecord.from_bytes(first.to_bytes())
+    assert first.to_json()["enqueued_at"] == "2026-12-03T09:00:00+00:00"
+    assert first.to_json()["run_after"] == "2026-12-03T10:00:00+01:00"
+    assert (again.enqueued_at, again.run_after) == (utc, paris)
+    assert again.run_after.utcoffset() == timedelta(hours=1)

@@ -96,8 +96,8 @@ def configured(logger: logging.Logger) -> bool:
 def stderr_handler() -> logging.Handler:
     """The handler commands install where the project configured none (zktasks.loghandler
     says why it groups lines)."""
-    from zktasks.loghandler import GroupingStreamHandler
+    from zktasks.loghandler import Formatter, GroupingStreamHandler
 
     handler = GroupingStreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(Formatter(LOG_FORMAT))
     return handler
