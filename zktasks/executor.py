@@ -1250,8 +1250,9 @@ class ProcessRunner:
         """Whether the run the task process is on reports (or the process ends) within
         `seconds`; slot.outcome() then reads which."""
         try:
-            # Short jobs have mostly reported already: a poll, not a wait's selector.
-            return conn.poll(0) or slot._wait_outcome(conn, seconds)
+            # One bare poll when it has reported already, as short jobs mostly have
+            # (conn.poll(0) first built a selector for it: _wait_readable).
+            return slot._wait_outcome(conn, seconds)
         except (EOFError, OSError):
             return True
 
