@@ -138,3 +138,18 @@ def test_the_projects_own_preload_modules_are_kept(monkeypatch):
         runner.stop()
     assert mp_forkserver._forkserver._preload_modules == [
         executor.PRELOAD_MODULE, "tests.preloaded_marker"]
+
+
+def test_the_backend_module_is_imported_before_the_first_job(runner):
+    """A task module's @zk_task imports zktasks.backend (kazoo, the Store) as it looks its
+    backend up; the fork server imports it once, so a task process's first job does not.
+    Imported, not connected: the task process has no ZooKeeper client of its own yet."""
+    from types import SimpleNamespace
+
+    from tests import bare_functions
+
+    bare = SimpleNamespace(func=bare_functions.imported,
+                           module_path="tests.bare_functions.imported")
+    assert value(runner.run(execution(bare, "zktasks.backend")))
+    assert value(runner.run(execution(bare, "kazoo.client")))
+    assert not value(runner.run(execution(bare, "tests.tasks")))  # not the task modules

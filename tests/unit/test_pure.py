@@ -697,3 +697,30 @@ def test_times_encode_with_their_own_offset_though_equal_times_were_encoded_befo
     assert first.to_json()["run_after"] == "2026-12-03T10:00:00+01:00"
     assert (again.enqueued_at, again.run_after) == (utc, paris)
     assert again.run_after.utcoffset() == timedelta(hours=1)
+
+
+def test_evolve_copies_every_field_changes_the_named_ones_and_refuses_unknown_names():
+    """StatusRecord.evolve copies the slots itself (not dataclasses.replace): the copy
+    must equal replace()'s, be encoded anew, leave the original alone, and refuse what
+    replace() refuses — a name that is no field, and the kept encoding."""
+    from zktasks.records import ErrorRecord, StatusRecord
+
+    original = StatusRecord(
+        id="j1", task="t", backend="default", queue="q", priority=3, attempts=1,
+        enqueued_at=records.now(), payload={"v": 1, "data": "x"}, worker_ids=("w1",),
+        errors=(ErrorRecord(exception_class_path="E", message="m", traceback="tb"),),
+        extra={"k": "v"}, unique_key="u")
+    before = original.to_bytes()
+    changed = original.evolve(state=records.RUNNING, attempts=2, worker_ids=("w1", "w2"))
+    assert changed == dataclasses.replace(original, state=records.RUNNING, attempts=2,
+                                          worker_ids=("w1", "w2"))
+    assert changed._encoded is None
+    assert json.loads(changed.to_bytes()) == {**json.loads(before), "state": "RUNNING",
+                                              "attempts": 2, "worker_ids": ["w1", "w2"]}
+    assert original.to_bytes() is before and original.state == records.READY
+    assert original.evolve() == original
+    for wrong in ({"nope": 1}, {"_encoded": b"{}"}):
+        with pytest.raises(TypeError):
+            original.evolve(**wrong)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        changed.state = records.FAILED
