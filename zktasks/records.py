@@ -173,7 +173,8 @@ class StatusRecord:
         Not dataclasses.replace: it walks fields() and calls the frozen __init__ with
         every field as a keyword, and a job is evolved two or three times (RUNNING, its
         outcome, fit()): 2 % + 1.9 % of a busy worker's CPU (bench --profile). The
-        slots' own descriptors copy the fields; what replace() refuses, this does too.
+        slots' own descriptors copy the fields, in half the time (9.8 against 18.8 µs on
+        the 2-CPU VM); what replace() refuses, this does too.
         """
         unknown = changes.keys() - _STATUS_FIELDS
         if unknown:
@@ -281,8 +282,9 @@ class StatusRecord:
 
 
 _STATUS_FIELDS = frozenset(f.name for f in fields(StatusRecord) if f.init)
-# (get, set) of each field's slot descriptor, for evolve(); object.__setattr__ because
-# the dataclass is frozen, as its own __init__ does.
+# (get, set) of each field's slot descriptor, for evolve(): a descriptor's __set__ writes
+# the slot past the frozen class's __setattr__, as object.__setattr__ (its __init__'s way)
+# does for the changed fields.
 _STATUS_SLOTS = tuple((getattr(StatusRecord, name).__get__, getattr(StatusRecord, name).__set__)
                       for name in sorted(_STATUS_FIELDS))
 _new_record = object.__new__
