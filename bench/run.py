@@ -341,8 +341,50 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def _runq_wait_seconds(pid: int) -> float:
+    """Seconds a process's live threads spent runnable but waiting for a CPU so far
+    (/proc/PID/task/TID/schedstat, its second field, in ns; needs schedstats, on in
+    every kernel that has /proc/PID/schedstat). A hand-off that waits here is paid in
+    latency and throughput but not in CPU seconds, so a row whose CPUs stood half idle
+    while each job cost more can be told from one that waited its turn for a CPU."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    total = 0
+    for tid in tids:
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile, or no schedstats in this kernel
+    return total / 1e9
+
+
+def _host_cpu() -> dict:
+    """Idle (with iowait), stolen and total CPU seconds of the whole machine so far, all
+    CPUs (/proc/stat). Steal is time the hypervisor gave this VM's vCPUs to others:
+    figures of a row that ran while it was high are not the software's alone."""
+    try:
+        fields = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return {"host_idle": 0.0, "host_steal": 0.0, "host_total": 0.0}
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    return {"host_idle": (fields[3] + fields[4]) / _TICK, "host_steal": fields[7] / _TICK,
+            "host_total": sum(fields[:8]) / _TICK}
+
+
+def host_pct(cpu_ms_per_job: dict, key: str) -> float | None:
+    """`key` (host_idle, host_steal) of a phase as a percentage of all CPUs' time in it,
+    from the phase's per-job figures (CpuMeter.per_job_ms)."""
+    total = cpu_ms_per_job.get("host_total")
+    if not total or key not in cpu_ms_per_job:
+        return None
+    return 100 * cpu_ms_per_job[key] / total
+
+
 class CpuMeter:
-    """CPU seconds used by the bench process, the worker trees and ZooKeeper."""
+    """CPU seconds used by the bench process, the worker trees and ZooKeeper; the
+    worker trees' run-queue wait; the machine's idle and stolen time."""
 
     def __init__(self, server_pids: list[int], procs: list["Proc"],
                  sampler: "MemorySampler | None" = None):
@@ -361,9 +403,12 @@ class CpuMeter:
                     for pid in _descendants(proc.pid))
         # "workers" counts the whole tree; "task_processes" is the part of it spent in
         # the pool's task processes (zero with --pool thread).
+        trees = [pid for proc in self.procs for pid in (proc.pid, *_descendants(proc.pid))]
         return {"submitter": own.ru_utime + own.ru_stime - sampler, "workers": mains + tasks,
                 "task_processes": tasks,
-                "zookeeper": sum(_cpu_seconds(pid) for pid in self.server_pids)}
+                "zookeeper": sum(_cpu_seconds(pid) for pid in self.server_pids),
+                "runq_wait": sum(_runq_wait_seconds(pid) for pid in trees),
+                **_host_cpu()}
 
     def switches(self) -> int:
         """Context switches of the worker trees so far (their live threads)."""
@@ -1222,6 +1267,9 @@ DETAIL_COLUMNS = (
     ("(tasks)", lambda r: r.cpu_ms_per_job.get("task_processes"), "{:.2f}"),
     ("switches", lambda r: r.worker_switches_per_job, "{:.1f}"),
     ("ZK", lambda r: r.cpu_ms_per_job.get("zookeeper"), "{:.2f}"),
+    ("runq wait", lambda r: r.cpu_ms_per_job.get("runq_wait"), "{:.2f}"),
+    ("idle %", lambda r: host_pct(r.cpu_ms_per_job, "host_idle"), "{:.0f}"),
+    ("steal %", lambda r: host_pct(r.cpu_ms_per_job, "host_steal"), "{:.1f}"),
     ("drain: workers", lambda r: r.drain_cpu_ms_per_job.get("workers"), "{:.2f}"),
     ("ZK", lambda r: r.drain_cpu_ms_per_job.get("zookeeper"), "{:.2f}"),
     ("lat p50 ms: queued", lambda r: r.latency_breakdown_ms.get("enqueued_to_started_p50"),
@@ -1245,6 +1293,8 @@ MATRIX_COLUMNS = (
     ("PSS MB worker", lambda r: r.pss_tree_mb, "{:.0f}"),
     ("PSS MB leader", lambda r: r.pss_leader_mb, "{:.0f}"),
     ("server MB", lambda r: r.server_mb, "{:.0f}"),
+    ("idle %", lambda r: host_pct(r.cpu_ms_per_job, "host_idle"), "{:.0f}"),
+    ("steal %", lambda r: host_pct(r.cpu_ms_per_job, "host_steal"), "{:.1f}"),
 )
 
 # zktasks / peer, per (workload, workers): above 1 means zktasks has more of it.
@@ -1584,8 +1634,12 @@ def main(argv=None) -> int:
         print("\ndetails: submit/s, ZooKeeper requests and CPU per submit with no worker "
               "running; requests and\nwrite txns per job while draining that backlog; CPU ms "
               "per job by process (streaming\nphase, then backlog drain); switches = context "
-              "switches of the worker processes per\njob (streaming); median latency split "
-              "into enqueued->started, started->finished,\nfinished->waiter woke.")
+              "switches of the worker processes per\njob (streaming); runq wait = ms per job "
+              "the worker processes' threads were\n"
+              "runnable but waited for a CPU (streaming); idle % and steal % = the machine's "
+              "idle CPU time\nand time its hypervisor gave to others, of all CPUs' time in "
+              "the streaming phase; median\nlatency split into enqueued->started, "
+              "started->finished, finished->waiter woke.")
         if zk_rows:
             print(format_table(zk_rows, with_submitters(DETAIL_COLUMNS) if sweep
                                else DETAIL_COLUMNS, left=1))
@@ -1599,7 +1653,8 @@ def main(argv=None) -> int:
                   "every result was read once; PSS MB worker = peak PSS of one worker "
                   "process\nwith its children (task processes, prefork children, work "
                   "horses), sampled every\n0.5 s, the largest worker; server MB = PSS of "
-                  "ZooKeeper, Redis or PostgreSQL after the\nscenario.")
+                  "ZooKeeper, Redis or PostgreSQL after the\nscenario; idle % and steal % "
+                  "as in the details above, for this row's streaming phase.")
             print(format_table(matrix, with_submitters(MATRIX_COLUMNS) if sweep
                                else MATRIX_COLUMNS, left=1))
         if ratios:

@@ -44,6 +44,11 @@ def test_the_bench_runs_a_row_per_count_of_submitters_then_failover_scale_and_ta
         assert row["submit_idle_per_s"] > 0 and row["submit_per_s"] > 0, row
         assert row["e2e_per_s"] > 0 and row["latency_samples"] == 3, row
         assert row["zk_txns_per_job"] > 0, row
+        # The host meters ran over the streaming phase: its machine-wide CPU time, and
+        # the worker processes' run-queue wait, counted (zero or more).
+        stream = row["cpu_ms_per_job"]
+        assert stream["host_total"] > 0 and stream["runq_wait"] >= 0, stream
+        assert 0 <= stream["host_idle"] + stream["host_steal"] <= stream["host_total"], stream
         # A job alone on an idle cluster was counted (submit, assign, finish: a short
         # job held alone writes no start), and so were jobs one a second.
         assert row["latency_zk_txns_per_job"] >= 3, row
