@@ -30,6 +30,7 @@ def test_more_busy_processes_than_cpus_show_run_queue_wait(bench_run):
         before = [bench_run._runq_wait_seconds(p.pid) for p in procs]
         # No event says "this much CPU was used"; poll the counters the meter reads.
         while min(bench_run._cpu_seconds(p.pid) for p in procs) < 0.2:
+            assert all(p.poll() is None for p in procs), "a spinning process exited"
             time.sleep(0.02)
         after = [bench_run._runq_wait_seconds(p.pid) for p in procs]
     finally:
