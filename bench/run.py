@@ -312,12 +312,9 @@ def _cmdline(pid: int) -> str:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _context_switches(pid: int) -> int:
-    """Voluntary plus involuntary context switches of a process's live threads.
-
-    A thread hand-off (a runner waking for its job, a reply waking its caller) is a
-    switch, so this counts what CPU seconds on a noisy VM cannot show reliably.
-    """
+def _per_thread(pid: int, name: str, read) -> float:
+    """The sum of `read(text)` over /proc/PID/task/TID/`name` of a process's live threads;
+    a thread that ended meanwhile (or a file this kernel lacks) counts nothing."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -325,11 +322,20 @@ def _context_switches(pid: int) -> int:
     total = 0
     for tid in tids:
         try:
-            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        except OSError:
-            continue  # the thread ended meanwhile
-        total += sum(int(n) for n in re.findall(r"ctxt_switches:\s+(\d+)", status))
+            total += read(Path(f"/proc/{pid}/task/{tid}/{name}").read_text())
+        except (OSError, IndexError, ValueError):
+            continue
     return total
+
+
+def _context_switches(pid: int) -> int:
+    """Voluntary plus involuntary context switches of a process's live threads.
+
+    A thread hand-off (a runner waking for its job, a reply waking its caller) is a
+    switch, so this counts what CPU seconds on a noisy VM cannot show reliably.
+    """
+    return _per_thread(pid, "status", lambda text: sum(
+        int(n) for n in re.findall(r"ctxt_switches:\s+(\d+)", text)))
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -347,17 +353,7 @@ def _runq_wait_seconds(pid: int) -> float:
     every kernel that has /proc/PID/schedstat). A hand-off that waits here is paid in
     latency and throughput but not in CPU seconds, so a row whose CPUs stood half idle
     while each job cost more can be told from one that waited its turn for a CPU."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0
-    total = 0
-    for tid in tids:
-        try:
-            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # the thread ended meanwhile, or no schedstats in this kernel
-    return total / 1e9
+    return _per_thread(pid, "schedstat", lambda text: int(text.split()[1])) / 1e9
 
 
 def _host_cpu() -> dict:
@@ -398,12 +394,12 @@ class CpuMeter:
         own = resource.getrusage(resource.RUSAGE_SELF)
         # The memory sampler's thread is the bench's, not the submitter's work.
         sampler = self.sampler.cpu_seconds if self.sampler is not None else 0.0
+        children = [pid for proc in self.procs for pid in _descendants(proc.pid)]
         mains = sum(_cpu_seconds(proc.pid) for proc in self.procs)
-        tasks = sum(_cpu_seconds(pid) for proc in self.procs
-                    for pid in _descendants(proc.pid))
+        tasks = sum(_cpu_seconds(pid) for pid in children)
         # "workers" counts the whole tree; "task_processes" is the part of it spent in
         # the pool's task processes (zero with --pool thread).
-        trees = [pid for proc in self.procs for pid in (proc.pid, *_descendants(proc.pid))]
+        trees = [proc.pid for proc in self.procs] + children
         return {"submitter": own.ru_utime + own.ru_stime - sampler, "workers": mains + tasks,
                 "task_processes": tasks,
                 "zookeeper": sum(_cpu_seconds(pid) for pid in self.server_pids),
