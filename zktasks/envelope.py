@@ -43,9 +43,9 @@ def _mac(blob: bytes, *, job_id: str, kind: str, key: str) -> str:
 
 def seal(blob: bytes, *, job_id: str, kind: str, key: str) -> dict:
     """Wrap bytes in a signed envelope bound to one job and one kind."""
-    return {
-        "mac": _mac(blob, job_id=job_id, kind=kind, key=key),
+    return {  # keys in sorted order: a record encodes it as it is (records._in_order)
         "data": base64.b64encode(blob).decode("ascii"),
+        "mac": _mac(blob, job_id=job_id, kind=kind, key=key),
     }
 
 

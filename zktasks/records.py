@@ -7,10 +7,16 @@ are signed envelopes (see envelope.py); errors are text, never pickles.
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii
 
 from .exceptions import CorruptRecord
+
+try:
+    from json.encoder import c_make_encoder
+except ImportError:  # a Python without the _json accelerator
+    c_make_encoder = None
 
 SCHEMA = 1
 
@@ -65,6 +71,52 @@ def _iso(value: datetime | None) -> str | None:
             _ISO.clear()
         text = _ISO[value] = value.isoformat()
     return text
+
+
+def _refuse(value):
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _json_encoder(sort_keys: bool):
+    """json.dumps(data, separators=(",", ":"), sort_keys=sort_keys), as str.
+
+    The C encoder json.dumps uses, made once: json.dumps makes a JSONEncoder and then a
+    C encoder for every call, 3-5 µs of a status record's 16 (the 2-CPU VM), and a busy
+    worker encodes two records per job. The arguments are JSONEncoder.iterencode's
+    (the same in 3.12 and 3.13); no circular check: records are trees of plain data.
+    """
+    plain = json.JSONEncoder(separators=(",", ":"), sort_keys=sort_keys).encode
+    if c_make_encoder is None:
+        return plain
+    try:
+        encode = c_make_encoder(None, _refuse, encode_basestring_ascii, None, ":", ",",
+                                sort_keys, False, True)
+        fast = lambda data: "".join(encode(data, 0))  # noqa: E731
+        # A Python whose private encoder takes other arguments (or gives other text)
+        # falls back to the public one rather than failing at import.
+        sample = {"b": [1.5, None, True, "é\n"], "a": {"d": 2, "c": "x"}}
+        if fast(sample) != plain(sample):
+            return plain
+    except TypeError:
+        return plain
+    return fast
+
+
+_encode_sorted = _json_encoder(True)
+# For dicts whose keys are in order already at every level (_in_order): sorting the
+# items of a status record and its envelope took as long as encoding them.
+_encode_as_is = _json_encoder(False)
+
+
+def _in_order(data: dict) -> bool:
+    """Whether a dict of a record (an envelope, `extra`) has its keys sorted and holds
+    no dict or list: then it encodes as json.dumps(sort_keys=True) would, as it is."""
+    last = ""
+    for key, value in data.items():
+        if type(key) is not str or key < last or type(value) in (dict, list):
+            return False
+        last = key
+    return True
 
 
 def clip(text: str, chars: int, encoded: int, *, keep_end: bool = False) -> str:
@@ -226,14 +278,18 @@ class StatusRecord:
         return record
 
     def to_json(self) -> dict:
-        # Not dataclasses.asdict: it deep-copies the payload and result envelopes, which
-        # cost more than the rest of a job's bookkeeping (bench --profile). Nothing here
-        # is mutated: json.dumps reads it once.
-        data = {name: getattr(self, name) for name in _STATUS_FIELDS}
+        """The record as JSON data, its keys (and its errors' keys) in sorted order.
+
+        Not dataclasses.asdict: it deep-copies the payload and result envelopes, which
+        cost more than the rest of a job's bookkeeping (bench --profile). Nothing here
+        is mutated: json.dumps reads it once.
+        """
+        data = {name: getattr(self, name) for name in _JSON_KEYS}  # "v" reads SCHEMA
         for key in _TIME_FIELDS:
             data[key] = _iso(data[key])
         data["worker_ids"] = list(self.worker_ids)
-        data["errors"] = [asdict(e) for e in self.errors]
+        data["errors"] = [{name: getattr(e, name) for name in _ERROR_KEYS}
+                          for e in self.errors]
         # Written only when set, so that records without them stay readable by a release
         # that predates the field (rolling upgrades; it leaves out keys it does not know).
         if self.result_ttl is None:
@@ -242,15 +298,27 @@ class StatusRecord:
             del data["retry_at"]
         if self.result_repr is None:
             del data["result_repr"]
-        data["v"] = SCHEMA
         return data
 
     def to_bytes(self) -> bytes:
+        """The record as compact JSON with sorted keys: json.dumps(self.to_json(),
+        sort_keys=True), byte for byte."""
         encoded = self._encoded
         if encoded is None:
-            encoded = json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True).encode()
+            data = self.to_json()
+            # to_json() sorts its own keys; the envelopes and `extra` come sorted from
+            # seal() and from records read back, and are checked. Errors' text only.
+            nested_in_order = all(value is None or _in_order(value) for value in (
+                self.payload, self.result, self.extra))
+            encode = _encode_as_is if nested_in_order else _encode_sorted
+            encoded = encode(data).encode()
             object.__setattr__(self, "_encoded", encoded)  # frozen: set once, never changed
         return encoded
+
+    @property
+    def v(self) -> int:
+        """The schema version written with the record (its "v" key)."""
+        return SCHEMA
 
     @classmethod
     def from_bytes(cls, raw: bytes | None, *, path: str = "") -> "StatusRecord":
@@ -266,13 +334,28 @@ class StatusRecord:
             # Keys this release does not know are left out, not taken for corruption: a
             # newer release may add an optional field during a rolling upgrade, and
             # failing its jobs as corrupt would replace them with placeholders.
-            data = {key: value for key, value in data.items() if key in _STATUS_FIELDS}
-            _check_shapes(data)
-            for key in _TIME_FIELDS:
-                data[key] = _aware(key, data.get(key))
-            data["worker_ids"] = tuple(data.get("worker_ids") or ())
-            data["errors"] = tuple(_error(e) for e in data.get("errors") or ())
-            return cls(**data)
+            #
+            # Built as evolve() builds its copy, slot by slot, checking each field on the
+            # way: the frozen __init__ with every field as a keyword took a third of a
+            # decode (12 of 34 µs on the 2-CPU VM), and a worker decodes every job it
+            # is given.
+            record = _new_record(cls)
+            get = data.get
+            for name, kinds, fits, convert, default, write in _DECODING:
+                value = get(name, _ABSENT)
+                if value is _ABSENT:
+                    if default is _REQUIRED:
+                        raise ValueError(f"its {name!r} is missing")
+                    value = default() if default is dict else default
+                elif type(value) not in kinds or (fits is not None and not fits(value)):
+                    # type(), not isinstance(): json.loads makes no subclasses, and a
+                    # bool is an int to isinstance() ("priority": true).
+                    raise ValueError(f"its {name!r} is {printable(repr(value))[:80]}")
+                elif convert is not None:
+                    value = convert(name, value)
+                write(record, value)
+            _set_attr(record, "_encoded", None)
+            return record
         except (ValueError, TypeError, KeyError, RecursionError) as exc:
             # RecursionError: JSON nested thousands deep ("[[[[..."), which json.loads
             # gives up on that way; it is garbage like any other.
@@ -282,6 +365,7 @@ class StatusRecord:
 
 
 _STATUS_FIELDS = frozenset(f.name for f in fields(StatusRecord) if f.init)
+_JSON_KEYS = tuple(sorted(_STATUS_FIELDS | {"v"}))  # to_json()'s, in the order written
 # (get, set) of each field's slot descriptor, for evolve(): a descriptor's __set__ writes
 # the slot past the frozen class's __setattr__, as object.__setattr__ (its __init__'s way)
 # does for the changed fields.
@@ -292,6 +376,7 @@ _set_attr = object.__setattr__
 _TIME_FIELDS = ("enqueued_at", "started_at", "finished_at", "last_attempted_at", "run_after",
                 "retry_at")
 _ERROR_FIELDS = frozenset(f.name for f in fields(ErrorRecord))
+_ERROR_KEYS = tuple(sorted(_ERROR_FIELDS))
 
 
 def _whole(value) -> bool:
@@ -306,38 +391,49 @@ def _seconds(value) -> bool:
 # What the pages, the leader and the worker use as such without checking it again: a
 # wrong type here (a hand edit, a foreign writer) would otherwise fail later, in a place
 # that cannot say which record is at fault ("priority": null broke a worker's intake).
+# Per field: the JSON types it may have (exactly: json.loads makes no subclasses), and a
+# check of its value beyond the type, or None.
+_NONE = type(None)
+_STR, _OPTIONAL_STR = frozenset({str}), frozenset({str, _NONE})
 _SHAPES = {
-    "id": lambda v: isinstance(v, str), "task": lambda v: isinstance(v, str),
-    "backend": lambda v: isinstance(v, str), "queue": lambda v: isinstance(v, str),
-    "args_repr": lambda v: isinstance(v, str), "extra": lambda v: isinstance(v, dict),
-    "result_repr": lambda v: v is None or isinstance(v, str),
-    "priority": lambda v: _whole(v) and -100 <= v <= 100,
-    "attempts": lambda v: _whole(v) and v >= 0,
-    "max_attempts": lambda v: _whole(v) and v >= 1,
-    "timeout": _seconds, "result_ttl": _seconds,
-    "takes_context": lambda v: isinstance(v, bool),
-    "unique_key": lambda v: v is None or isinstance(v, str),
-    "payload": lambda v: v is None or isinstance(v, dict),
-    "result": lambda v: v is None or isinstance(v, dict),
-    "worker_ids": lambda v: v is None or (isinstance(v, list)
-                                          and all(isinstance(w, str) for w in v)),
-    "errors": lambda v: v is None or (isinstance(v, list)
-                                      and all(isinstance(e, dict) for e in v)),
-    **{key: (lambda v: v is None or isinstance(v, str)) for key in _TIME_FIELDS},
+    "id": (_STR, None), "task": (_STR, None), "backend": (_STR, None),
+    "queue": (_STR, None), "state": (_STR, None), "args_repr": (_STR, None),
+    "extra": (frozenset({dict}), None),
+    "result_repr": (_OPTIONAL_STR, None), "unique_key": (_OPTIONAL_STR, None),
+    "priority": (frozenset({int}), lambda v: -100 <= v <= 100),
+    "attempts": (frozenset({int}), lambda v: v >= 0),
+    "max_attempts": (frozenset({int}), lambda v: v >= 1),
+    "timeout": (frozenset({int, float, _NONE}), lambda v: v is None or _seconds(v)),
+    "result_ttl": (frozenset({int, float, _NONE}), lambda v: v is None or _seconds(v)),
+    "takes_context": (frozenset({bool}), None),
+    "payload": (frozenset({dict, _NONE}), None),
+    "result": (frozenset({dict, _NONE}), None),
+    "worker_ids": (frozenset({list, _NONE}),
+                   lambda v: v is None or all(type(w) is str for w in v)),
+    "errors": (frozenset({list, _NONE}),
+               lambda v: v is None or all(type(e) is dict for e in v)),
+    **{key: (_OPTIONAL_STR, None) for key in _TIME_FIELDS},
 }
 _ERROR_SHAPES = {
     "exception_class_path": str, "message": str, "traceback": str, "worker_id": str,
 }
+_ABSENT = object()     # a key the record does not have
+_REQUIRED = object()   # the default of a field without one
 
 
-def _check_shapes(data: dict) -> None:
-    for key, fits in _SHAPES.items():
-        if key in data and not fits(data[key]):
-            raise ValueError(f"its {key!r} is {printable(repr(data[key]))[:80]}")
+def _default(f):
+    if f.default_factory is not MISSING:
+        if f.default_factory is not dict:
+            raise TypeError(f"from_bytes builds no default of {f.name!r}")  # at import
+        return dict
+    return _REQUIRED if f.default is MISSING else f.default
 
 
 def _aware(key: str, value: str | None) -> datetime | None:
-    found = _dt(value)
+    try:
+        found = _dt(value)
+    except ValueError:
+        raise ValueError(f"its {key!r} is not a time: {printable(repr(value))[:80]}") from None
     if found is not None and found.utcoffset() is None:
         raise ValueError(f"its {key!r} has no time zone")
     return found
@@ -356,6 +452,22 @@ def _error(data: dict) -> ErrorRecord:
     return ErrorRecord(**data)
 
 
+# (name, types, check, convert, default, set) of each field, for from_bytes(); convert
+# turns the JSON value into the field's (a time, a tuple), given the name for its error.
+_CONVERT = {
+    **{key: _aware for key in _TIME_FIELDS},
+    "worker_ids": lambda _, v: tuple(v or ()),
+    "errors": lambda _, v: tuple(_error(e) for e in v or ()),
+}
+_DECODING = tuple(
+    (f.name, *_SHAPES[f.name], _CONVERT.get(f.name), _default(f),
+     getattr(StatusRecord, f.name).__set__)
+    for f in fields(StatusRecord) if f.init
+)
+if {d[0] for d in _DECODING} != _SHAPES.keys():  # a field added without its shape
+    raise TypeError("records._SHAPES and StatusRecord's fields differ")
+
+
 # Control characters but newline and tab. Error messages and tracebacks are the tasks'
 # text, often made of user input: raw, their escape sequences would reach an operator's
 # terminal (retitle it, clear it, fake output) from the shell command or a log line.
@@ -371,8 +483,8 @@ def printable(text: str, *, one_line: bool = False) -> str:
 
 
 def dumps(data: dict) -> bytes:
-    """Encode a small record (job, assignment, worker) as compact JSON."""
-    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+    """Encode a small record (job, assignment, worker) as compact JSON, keys sorted."""
+    return _encode_sorted(data).encode()
 
 
 def loads(raw: bytes | None, *, path: str = "") -> dict:
