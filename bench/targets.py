@@ -98,6 +98,8 @@ def lines(rows: list[dict], *, scale: dict | None = None, failover: dict | None 
                         at_most=False, fmt="{:.2f}x", submitters=submitters)
         if theirs is None:
             line.verdict = f"{NOT_RUN} ({peer} not in this run)"
+        elif ceiling := _plain_ceiling(rows, theirs, submitters):
+            line.cells["run"] = ceiling
         out.append(line)
     figure, theirs = _ratio(rows, "celery", "submit_per_s", submitters)
     line = _per_row(rows, "submit rate >= celery's, workers running", figure, 1.0,
@@ -106,7 +108,7 @@ def lines(rows: list[dict], *, scale: dict | None = None, failover: dict | None 
         line.verdict = f"{NOT_RUN} (celery not in this run)"
     elif scale and scale.get("submit_per_s"):
         ratio = scale["submit_per_s"] / theirs["submit_per_s"]
-        line.cells["run"] = f"submit_many {ratio:.2f}x{_mark(ratio >= 1.0)}"
+        line.cells["run"] = f"and submit_many {ratio:.2f}x{_mark(ratio >= 1.0)}"
     out.append(line)
     # Upper bounds on a figure of each zktasks row.
     for target, key, limit, fmt in (
@@ -122,6 +124,18 @@ def lines(rows: list[dict], *, scale: dict | None = None, failover: dict | None 
     out.append(_scale_line(scale))
     out += _failover_lines(failover)
     return out
+
+
+def _plain_ceiling(rows, theirs: dict, submitters: int) -> str | None:
+    """What the plain row could reach at best, against the peer: its submit() loop with
+    no worker running. Each submit() returns once its job is written and fsync'd, so the
+    loop's jobs cannot finish faster than it submits them, whatever the workers do."""
+    plain = _row(rows, PLAIN, submitters=submitters)
+    idle = None if plain is None else plain.get("submit_idle_per_s")
+    if not idle or not theirs.get("e2e_per_s"):
+        return None
+    return (f"plain at best: {idle / theirs['e2e_per_s']:.2f}x, its submit() loop alone "
+            f"(no worker running: {idle:,.0f}/s)")
 
 
 def _scale_line(scale: dict | None) -> Line:
@@ -202,7 +216,7 @@ def format_lines(found: list[Line]) -> str:
             text.append(out(line.target, [line.cells.get(s, "-") for s in SYSTEMS],
                             line.verdict))
             if "run" in line.cells:
-                text.append(out("", f"and {line.cells['run']}", ""))
+                text.append(out("", line.cells["run"], ""))
         else:
             text.append(out(line.target, line.cells.get("run", "-"), line.verdict))
     return "\n".join(text) + "\n\n" + LEGEND
