@@ -62,7 +62,7 @@ FIND_PYTHON = \
     echo "  or point at one: make venv PYTHON=/path/to/python3.12"; } >&2; \
   exit 1
 
-.PHONY: chromium help python venv zookeeper test lint demo bench clean
+.PHONY: chromium help python venv zookeeper test lint demo bench clean screenshots
 
 help: ## List the targets
 	@echo "zktasks - make targets:"
@@ -121,6 +121,10 @@ test: venv zookeeper chromium ## Lint, Django checks, migrations check, then pyt
 	$(DJANGO_ENV) $(VPY) manage.py check
 	$(DJANGO_ENV) $(VPY) manage.py makemigrations --check --dry-run
 	env -u DJANGO_SETTINGS_MODULE $(if $(strip $(PYTEST_ARGS)),$(VPY) -m pytest $(PYTEST_ARGS),$(VPY) tests/halves.py)
+
+screenshots: venv zookeeper chromium ## Take the README's dashboard screenshots again (docs/screenshots/)
+	env -u DJANGO_SETTINGS_MODULE ZKTASKS_SCREENSHOTS=docs/screenshots \
+	  $(VPY) -m pytest tests/dashboard/test_browser.py -k "screenshot or traceback" -p no:cacheprovider
 
 lint: venv ## ruff check
 	$(VENV)/bin/ruff check .

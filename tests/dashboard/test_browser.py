@@ -2,7 +2,9 @@
 
 Debian's chromium drives the pages through Playwright (never a downloaded browser).
 Waits are on page conditions with deadlines, never sleeps. The screenshots of the
-README are taken here (docs/screenshots/).
+README are taken here: into each test's temporary directory, so that a test run leaves
+the checkout as it was, and into docs/screenshots/ with `make screenshots`
+(ZKTASKS_SCREENSHOTS=docs/screenshots).
 """
 
 import os
@@ -16,10 +18,25 @@ from tests.dashboard import tasks as dash_tasks
 
 CHROMIUM = "/usr/bin/chromium"
 APT = "apt-get install -y chromium chromium-driver"
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 WAIT = 20_000  # ms
+
+
+@pytest.fixture
+def shots(tmp_path):
+    """Where this test's screenshots go: ZKTASKS_SCREENSHOTS (relative to the checkout),
+    or a directory of the test's own."""
+    where = os.environ.get("ZKTASKS_SCREENSHOTS")
+    directory = ROOT / where if where else tmp_path / "screenshots"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def _saved(path: Path) -> None:
+    # A rendered page, not a blank image (an empty admin page is tens of KB as PNG).
+    assert path.stat().st_size > 10_000, f"{path} is {path.stat().st_size} bytes"
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +97,8 @@ def test_a_job_moves_from_pending_to_running_to_succeeded(page, live_server, sta
 
 
 def test_a_failure_shows_its_traceback_and_retry_works_from_the_page(page, live_server,
-                                                                     start_worker, tmp_path):
+                                                                     start_worker, tmp_path,
+                                                                     shots):
     from playwright.sync_api import expect
 
     start_worker()
@@ -91,8 +109,8 @@ def test_a_failure_shows_its_traceback_and_retry_works_from_the_page(page, live_
     traceback = page.locator("#zk-errors .zk-traceback").last
     expect(traceback).to_contain_text("Traceback (most recent call last)")
     expect(traceback).to_contain_text(f"RuntimeError: {marker} does not exist yet")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "job-failed.png"), full_page=True)
+    page.screenshot(path=str(shots / "job-failed.png"), full_page=True)
+    _saved(shots / "job-failed.png")
 
     marker.touch()
     page.click("#zk-retry")
@@ -104,10 +122,10 @@ def test_a_failure_shows_its_traceback_and_retry_works_from_the_page(page, live_
     expect(page.locator(".zk-fields")).to_contain_text("2 of at most 2")
 
 
-def test_screenshots_of_the_main_pages(page, live_server, start_worker, backend, tmp_path):
+def test_screenshots_of_the_main_pages(page, live_server, start_worker, backend, tmp_path,
+                                       shots):
     from playwright.sync_api import expect
 
-    SHOTS.mkdir(parents=True, exist_ok=True)
     start_worker(name="web-1", queues=["default"], concurrency=2)
     start_worker(name="mail-1", queues=["emails"], concurrency=1)
     for i in range(6):
@@ -130,24 +148,29 @@ def test_screenshots_of_the_main_pages(page, live_server, start_worker, backend,
     page.goto(f"{live_server.url}/admin/zktasks/")
     expect(page.locator("[data-live='totals.assigned']")).to_have_text("2")
     expect(page.locator("#zk-failures")).to_contain_text("card declined")
-    page.screenshot(path=str(SHOTS / "overview.png"), full_page=True)
+    page.screenshot(path=str(shots / "overview.png"), full_page=True)
+    _saved(shots / "overview.png")
 
     page.goto(f"{live_server.url}/admin/zktasks/pending/?queue=reports")
     expect(page.locator("#zk-pending tbody tr")).to_have_count(4)
-    page.screenshot(path=str(SHOTS / "pending.png"), full_page=True)
+    page.screenshot(path=str(shots / "pending.png"), full_page=True)
+    _saved(shots / "pending.png")
 
     page.goto(f"{live_server.url}/admin/zktasks/assignments/")
     expect(page.locator(".zk-owner", has_text="web-1")).to_contain_text("2 assigned")
-    page.screenshot(path=str(SHOTS / "assignments.png"), full_page=True)
+    page.screenshot(path=str(shots / "assignments.png"), full_page=True)
+    _saved(shots / "assignments.png")
 
     page.goto(f"{live_server.url}/admin/zktasks/job/")
     expect(page.locator("#zk-results tbody tr")).to_have_count(10)
-    page.screenshot(path=str(SHOTS / "results.png"), full_page=True)
+    page.screenshot(path=str(shots / "results.png"), full_page=True)
+    _saved(shots / "results.png")
 
     page.goto(f"{live_server.url}/admin/zktasks/tree/?path=/workers")
     page.locator("td.zk-mono a").first.click()
     expect(page.locator("#zk-data")).to_contain_text('"concurrency"')
-    page.screenshot(path=str(SHOTS / "tree.png"), full_page=True)
+    page.screenshot(path=str(shots / "tree.png"), full_page=True)
+    _saved(shots / "tree.png")
 
     dark = page.context.browser.new_context(viewport={"width": 1280, "height": 900},
                                             color_scheme="dark")
@@ -155,7 +178,8 @@ def test_screenshots_of_the_main_pages(page, live_server, start_worker, backend,
     dark_page = dark.new_page()
     dark_page.goto(f"{live_server.url}/admin/zktasks/")
     expect(dark_page.locator("#zk-failures")).to_contain_text("card declined")
-    dark_page.screenshot(path=str(SHOTS / "overview-dark.png"), full_page=True)
+    dark_page.screenshot(path=str(shots / "overview-dark.png"), full_page=True)
+    _saved(shots / "overview-dark.png")
     dark.close()
     release.touch()
 
@@ -183,13 +207,12 @@ def test_the_page_shows_a_banner_while_zookeeper_is_down(page, live_server, sett
 
 
 def test_dead_letters_appear_live_and_a_screenshot(page, live_server, start_worker, backend,
-                                                   settings, zk_client):
+                                                   settings, zk_client, shots):
     """Garbage planted while the page is open shows up by itself; then it is re-queued."""
     from playwright.sync_api import expect
 
     from zktasks.backend import ZooKeeperBackend
 
-    SHOTS.mkdir(parents=True, exist_ok=True)
     start_worker(name="web-1")
     tasks.add.submit(1, 1).wait(timeout=30)
     page.goto(f"{live_server.url}/admin/zktasks/deadletters/")
@@ -208,7 +231,8 @@ def test_dead_letters_appear_live_and_a_screenshot(page, live_server, start_work
     expect(page.locator("#zk-deadletters")).to_contain_text("foreign_signature")
     expect(page.locator("#zk-deadletters")).to_contain_text("id,total")
     page.locator("tr.zk-deadletter", has_text="report-2024.csv").locator("summary").click()
-    page.screenshot(path=str(SHOTS / "dead-letters.png"), full_page=True)
+    page.screenshot(path=str(shots / "dead-letters.png"), full_page=True)
+    _saved(shots / "dead-letters.png")
 
     page.goto(f"{live_server.url}/admin/zktasks/")
     expect(page.locator("[data-live='totals.dead_letters']")).to_have_text("3")
